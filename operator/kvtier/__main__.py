@@ -1,0 +1,3 @@
+from kvtier.cli import main
+
+main()
