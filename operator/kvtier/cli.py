@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import click
 
 from kvtier import __version__
@@ -11,3 +14,62 @@ from kvtier import __version__
 @click.version_option(__version__, prog_name="kvtier")
 def main() -> None:
     """kvtier: tier LLM KV cache into CPU memory and NVMe-oF arrays, and rebalance it."""
+
+
+@main.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Write one file per CRD here.")
+@click.option("--check", is_flag=True, help="Exit 1 if the files in --out (default crds/) differ from the models.")
+def crds(out_dir: Path | None, check: bool) -> None:
+    """Generate the CustomResourceDefinitions from the API models (stdout unless --out)."""
+    from kvtier.api.crd import build_crds, to_yaml
+
+    rendered = {name: to_yaml(crd) for name, crd in build_crds().items()}
+    if check:
+        directory = out_dir or Path("crds")
+        stale = [name for name, text in rendered.items() if _read(directory / name) != text]
+        for name in stale:
+            click.echo(f"{directory / name}: stale or missing; run `kvtier crds --out {directory}`", err=True)
+        if stale:
+            sys.exit(1)
+        click.echo(f"{directory}: {len(rendered)} CRDs are current")
+        return
+    if out_dir is None:
+        click.echo("---\n".join(rendered.values()), nl=False)
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in rendered.items():
+        (out_dir / name).write_text(text)
+        click.echo(f"wrote {out_dir / name}")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+@main.command()
+@click.option(
+    "-f",
+    "--filename",
+    "filenames",
+    multiple=True,
+    required=True,
+    help="Manifest file or directory (repeatable; - reads standard input).",
+)
+def validate(filenames: tuple[str, ...]) -> None:
+    """Check kvtier manifests offline, as the API server would; one line per problem."""
+    from kvtier.api.documents import read_documents
+
+    checked = failed = 0
+    for document in read_documents(list(filenames)):
+        if not document.ours and not document.problems:
+            continue
+        checked += 1
+        for line in document.lines():
+            click.echo(line)
+        failed += bool(document.problems)
+    if failed:
+        sys.exit(1)
+    click.echo(f"{checked} kvtier object{'s' if checked != 1 else ''} valid")

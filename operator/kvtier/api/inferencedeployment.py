@@ -1,0 +1,448 @@
+"""InferenceDeployment: vLLM + LMCache replicas whose KV cache is tiered into CPU memory and a KVPool."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_validator
+
+from kvtier.api.common import (
+    API_VERSION,
+    DNS_SUBDOMAIN_PATTERN,
+    Condition,
+    KubeModel,
+    ObjectMeta,
+    Timestamp,
+)
+from kvtier.api.errors import FieldProblem
+from kvtier.api.rules import Rule, cel_literal, cel_rules
+from kvtier.api.units import KUBERNETES_QUANTITY_PATTERN, Duration, Quantity
+
+#: StatefulSet pods carry a `controller-revision-hash` label of `<name>-<10 chars>`, at most 63 characters.
+MAX_NAME_LENGTH = 52
+
+#: Bytes per element of the KV cache for each dtype vLLM stores KV in.
+KV_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+KVCacheMode = Literal["LMCacheMP", "LMCacheInProcess", "None"]
+
+
+def _owned_flags_pattern(long_flags: tuple[str, ...], short_flags: tuple[str, ...] = ()) -> str:
+    """A regex matching any spelling vLLM's parser accepts (`--a-b`, `--a_b`, `--a-b=x`, `--a-b x`)."""
+    names = [f"--{flag.replace('-', '[-_]')}" for flag in long_flags] + [f"-{flag}" for flag in short_flags]
+    return rf"^({'|'.join(names)})([= ].*)?$"
+
+
+#: vLLM flags the operator renders in every mode.
+ALWAYS_OWNED_FLAGS = _owned_flags_pattern(
+    (
+        "port",
+        "host",
+        "model",
+        "served-model-name",
+        "tensor-parallel-size",
+        "gpu-memory-utilization",
+        "max-model-len",
+    ),
+    ("tp",),
+)
+#: vLLM flags the operator renders when a KV connector is in use (mode other than None).
+KV_OWNED_FLAGS = _owned_flags_pattern(("kv-transfer-config", "kv-offloading-size", "kv-offloading-backend"))
+#: Environment the operator owns: the hash seed (cache keys must match across replicas and restarts).
+OWNED_ENV = "PYTHONHASHSEED"
+#: In-process mode renders LMCache's config file; LMCACHE_* variables would silently override it.
+IN_PROCESS_OWNED_ENV_PREFIX = "LMCACHE_"
+
+def _check_resource_quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not re.match(KUBERNETES_QUANTITY_PATTERN, value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity such as 16, 500m or 64Gi")
+    return value
+
+
+#: Any Kubernetes resource quantity (`500m` CPU, `64Gi` memory), kept as written.
+ResourceQuantity = Annotated[
+    int | str,
+    AfterValidator(_check_resource_quantity),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": KUBERNETES_QUANTITY_PATTERN}),
+]
+
+
+class Architecture(KubeModel):
+    """Enough of the model's shape to size its KV cache (for MLA models give kvBytesPerToken instead)."""
+
+    layers: int = Field(ge=1, le=4096)
+    kv_heads: int = Field(ge=1, le=4096)
+    """Key/value heads (fewer than attention heads under grouped-query attention)."""
+    head_dim: int = Field(ge=1, le=16384)
+    dtype: Literal["float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"] = "bfloat16"
+    """Element type of the KV cache."""
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * KV_DTYPE_BYTES[self.dtype]
+
+
+class ModelSpec(KubeModel):
+    name: str = Field(min_length=1, max_length=1024)
+    """Model to serve: a Hugging Face id or a path inside the image or a mounted volume."""
+    served_name: str | None = Field(default=None, min_length=1, max_length=253)
+    """Name clients use in requests (default: `name`)."""
+    kv_bytes_per_token: int | None = Field(default=None, ge=1)
+    """KV cache bytes per token over all layers (alternative to `architecture`)."""
+    architecture: Architecture | None = None
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            Rule(
+                "has(self.kvBytesPerToken) != has(self.architecture)",
+                "set exactly one of kvBytesPerToken or architecture",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if (self.kv_bytes_per_token is None) == (self.architecture is None):
+            raise ValueError("set exactly one of kvBytesPerToken or architecture")
+        return self
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV cache bytes one token occupies, over all layers and TP ranks."""
+        if self.kv_bytes_per_token is not None:
+            return self.kv_bytes_per_token
+        assert self.architecture is not None
+        return self.architecture.kv_bytes_per_token
+
+
+class EnvVar(KubeModel):
+    name: str = Field(min_length=1, max_length=1024, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    value: str | None = None
+    value_from: dict[str, Any] | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+    """A Kubernetes EnvVarSource, passed through to the container as written."""
+
+
+class ResourceRequirements(KubeModel):
+    requests: dict[str, ResourceQuantity] = Field(default_factory=dict)
+    limits: dict[str, ResourceQuantity] = Field(default_factory=dict)
+
+
+class Toleration(KubeModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class EngineSpec(KubeModel):
+    image: str = Field(min_length=1, max_length=1024)
+    """vLLM image, e.g. `vllm/vllm-openai:v0.33.0`."""
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    """GPUs per replica (`--tensor-parallel-size`); every rank of a replica runs on one node."""
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    """Fraction of each GPU's memory vLLM may use for weights, activations and the HBM KV cache."""
+    max_model_len: int | None = Field(default=None, ge=1)
+    args: list[str] = Field(default_factory=list, max_length=256)
+    """Extra `vllm serve` arguments, appended after the operator's own (which they must not repeat)."""
+    env: list[EnvVar] = Field(default_factory=list, max_length=256)
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+    """Engine CPU and memory; the operator adds the CPU tier, `/dev/shm` and `nvidia.com/gpu`."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+
+
+class CPUTier(KubeModel):
+    """LMCache's CPU tier (L1) per replica."""
+
+    size: Quantity
+    """Pinned host memory for KV chunks (in-process mode: per TP rank)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            Rule(
+                "quantity(string(self.size)).isGreaterThan(quantity('0'))",
+                "size must be greater than zero",
+                field_path=".size",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> CPUTier:
+        if self.size <= 0:
+            raise FieldProblem("size", "size must be greater than zero")
+        return self
+
+
+_MIN_LE_REQUEST = "min must not exceed request"
+_REQUEST_LE_MAX = "request must not exceed max"
+
+
+class StorageTier(KubeModel):
+    """A per-replica share of a KVPool; the rebalancer moves it between `min` and `max`."""
+
+    pool_ref: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Name of the KVPool (cluster-scoped) to draw from."""
+    request: Quantity
+    """Quota each replica starts with."""
+    min: Quantity | None = None
+    """Least quota the rebalancer may leave a replica (default 0); admission needs min x replicas free."""
+    max: Quantity | None = None
+    """Most quota the rebalancer may give a replica (default: request)."""
+    weight: float = Field(default=1.0, gt=0, le=1000)
+    """Relative value of this deployment's hits when the pool is divided."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            Rule(
+                "!has(self.min) || quantity(string(self.min)).compareTo(quantity(string(self.request))) <= 0",
+                _MIN_LE_REQUEST,
+                field_path=".min",
+            ),
+            Rule(
+                "!has(self.max) || quantity(string(self.request)).compareTo(quantity(string(self.max))) <= 0",
+                _REQUEST_LE_MAX,
+                field_path=".max",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> StorageTier:
+        if self.min is not None and self.min > self.request:
+            raise FieldProblem("min", _MIN_LE_REQUEST)
+        if self.max is not None and self.request > self.max:
+            raise FieldProblem("max", _REQUEST_LE_MAX)
+        return self
+
+    @property
+    def effective_min(self) -> int:
+        return self.min if self.min is not None else 0
+
+    @property
+    def effective_max(self) -> int:
+        return self.max if self.max is not None else self.request
+
+
+class KVCacheSpec(KubeModel):
+    mode: KVCacheMode = "LMCacheMP"
+    """`LMCacheMP`: an LMCache server container beside vLLM (live quotas); `LMCacheInProcess`:
+    LMCache inside vLLM (sizes change by rolling restart); `None`: HBM prefix cache only."""
+    chunk_size: int = Field(default=256, ge=16, le=65536, multiple_of=16)
+    """Tokens per LMCache chunk (a multiple of vLLM's 16-token block)."""
+    cpu: CPUTier | None = None
+    storage: StorageTier | None = None
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            Rule(
+                "(has(self.mode) && self.mode == 'None') || has(self.cpu)",
+                "cpu is required: LMCache needs a CPU tier (cpu.size) in this mode",
+                field_path=".cpu",
+                reason="FieldValueRequired",
+            ),
+            Rule(
+                "!has(self.mode) || self.mode != 'None' || !has(self.cpu)",
+                "cpu must not be set when mode is None",
+                field_path=".cpu",
+                reason="FieldValueForbidden",
+            ),
+            Rule(
+                "!has(self.mode) || self.mode != 'None' || !has(self.storage)",
+                "storage must not be set when mode is None",
+                field_path=".storage",
+                reason="FieldValueForbidden",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> KVCacheSpec:
+        if self.mode != "None" and self.cpu is None:
+            raise FieldProblem("cpu", "cpu is required: LMCache needs a CPU tier (cpu.size) in this mode")
+        if self.mode == "None" and self.cpu is not None:
+            raise FieldProblem("cpu", "cpu must not be set when mode is None")
+        if self.mode == "None" and self.storage is not None:
+            raise FieldProblem("storage", "storage must not be set when mode is None")
+        return self
+
+
+class SLOSpec(KubeModel):
+    """Latency objectives; deployments missing theirs weigh more when the pool is divided."""
+
+    ttft_p50: Duration | None = None
+    ttft_p99: Duration | None = None
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            Rule(
+                "!has(self.ttftP50) || !has(self.ttftP99) || duration(self.ttftP50) <= duration(self.ttftP99)",
+                "ttftP50 must not exceed ttftP99",
+                field_path=".ttftP50",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SLOSpec:
+        if self.ttft_p50 is not None and self.ttft_p99 is not None and self.ttft_p50 > self.ttft_p99:
+            raise FieldProblem("ttftP50", "ttftP50 must not exceed ttftP99")
+        return self
+
+
+_ARGS_ALWAYS = (
+    "args must not set --port, --host, --model, --served-model-name, --tensor-parallel-size, "
+    "--gpu-memory-utilization or --max-model-len: use the spec's fields"
+)
+_ARGS_KV = (
+    "args must not set --kv-transfer-config, --kv-offloading-size or --kv-offloading-backend: "
+    "kvtier renders the KV connector for kvCache.mode"
+)
+_ENV_HASHSEED = "env must not set PYTHONHASHSEED: kvtier sets one seed on every replica so cache keys match"
+_ENV_LMCACHE = "env must not set LMCACHE_* in LMCacheInProcess mode: kvtier renders LMCache's config file"
+# Rules read the mode without relying on the API server's defaulting (absent means LMCacheMP).
+_IN_PROCESS = "has(self.kvCache) && has(self.kvCache.mode) && self.kvCache.mode == 'LMCacheInProcess'"
+_NO_CONNECTOR = "has(self.kvCache) && has(self.kvCache.mode) && self.kvCache.mode == 'None'"
+
+
+class InferenceDeploymentSpec(KubeModel):
+    model: ModelSpec
+    replicas: int = Field(default=1, ge=0, le=10000)
+    engine: EngineSpec
+    kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec, json_schema_extra={"default": {}})
+    slo: SLOSpec | None = None
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            Rule(
+                f"!has(self.engine.args) || self.engine.args.all(a, !a.matches({cel_literal(ALWAYS_OWNED_FLAGS)}))",
+                _ARGS_ALWAYS,
+                field_path=".engine.args",
+                reason="FieldValueForbidden",
+            ),
+            Rule(
+                f"!has(self.engine.args) || ({_NO_CONNECTOR}) || "
+                f"self.engine.args.all(a, !a.matches({cel_literal(KV_OWNED_FLAGS)}))",
+                _ARGS_KV,
+                field_path=".engine.args",
+                reason="FieldValueForbidden",
+            ),
+            Rule(
+                f"!has(self.engine.env) || self.engine.env.all(e, e.name != '{OWNED_ENV}')",
+                _ENV_HASHSEED,
+                field_path=".engine.env",
+                reason="FieldValueForbidden",
+            ),
+            Rule(
+                f"!has(self.engine.env) || !({_IN_PROCESS}) || "
+                f"self.engine.env.all(e, !e.name.startsWith('{IN_PROCESS_OWNED_ENV_PREFIX}'))",
+                _ENV_LMCACHE,
+                field_path=".engine.env",
+                reason="FieldValueForbidden",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> InferenceDeploymentSpec:
+        for index, arg in enumerate(self.engine.args):
+            if re.search(ALWAYS_OWNED_FLAGS, arg):
+                raise FieldProblem(f"engine.args.{index}", _ARGS_ALWAYS)
+            if self.kv_cache.mode != "None" and re.search(KV_OWNED_FLAGS, arg):
+                raise FieldProblem(f"engine.args.{index}", _ARGS_KV)
+        for index, var in enumerate(self.engine.env):
+            if var.name == OWNED_ENV:
+                raise FieldProblem(f"engine.env.{index}.name", _ENV_HASHSEED)
+            if self.kv_cache.mode == "LMCacheInProcess" and var.name.startswith(IN_PROCESS_OWNED_ENV_PREFIX):
+                raise FieldProblem(f"engine.env.{index}.name", _ENV_LMCACHE)
+        return self
+
+    @property
+    def served_name(self) -> str:
+        return self.model.served_name or self.model.name
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one LMCache chunk of KV over all layers and TP ranks."""
+        return self.kv_cache.chunk_size * self.model.bytes_per_token
+
+    @property
+    def cpu_tier_memory_bytes(self) -> int:
+        """Host memory one replica needs for the CPU tier: one L1 in MP mode, one buffer per TP rank in-process."""
+        cpu = self.kv_cache.cpu
+        if self.kv_cache.mode == "None" or cpu is None:
+            return 0
+        ranks = self.engine.tensor_parallel_size if self.kv_cache.mode == "LMCacheInProcess" else 1
+        return cpu.size * ranks
+
+
+class HitRatio(KubeModel):
+    """Token-weighted fraction of prompt tokens served from each tier over the last window."""
+
+    hbm: float | None = Field(default=None, ge=0, le=1)
+    cpu: float | None = Field(default=None, ge=0, le=1)
+    storage: float | None = Field(default=None, ge=0, le=1)
+    total: float | None = Field(default=None, ge=0, le=1)
+
+
+class StorageUsage(KubeModel):
+    quota: Quantity | None = None
+    """Per-replica storage quota currently applied."""
+    used: Quantity | None = None
+    """Bytes in use on the storage tier, summed over replicas."""
+
+
+class KVStatus(KubeModel):
+    hbm_watermark: float | None = Field(default=None, ge=0, le=1)
+    """Mean fraction of the GPU KV cache in use over ready replicas."""
+    hit_ratio: HitRatio | None = None
+    storage: StorageUsage | None = None
+    ttft_p50_seconds: float | None = Field(default=None, ge=0)
+    sampled_at: Timestamp | None = None
+
+
+class InferenceDeploymentStatus(KubeModel):
+    observed_generation: int | None = None
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    selector: str | None = None
+    """Label selector of the pods, for the scale subresource (HorizontalPodAutoscaler)."""
+    conditions: list[Condition] = Field(default_factory=list)
+    kv: KVStatus | None = None
+
+
+class InferenceDeployment(KubeModel):
+    """vLLM + LMCache replicas whose KV cache is tiered from HBM into CPU memory and a KVPool."""
+
+    KIND: ClassVar[str] = "InferenceDeployment"
+    PLURAL: ClassVar[str] = "inferencedeployments"
+
+    api_version: Literal["kvtier.io/v1alpha1"] = API_VERSION
+    kind: Literal["InferenceDeployment"] = "InferenceDeployment"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: InferenceDeploymentSpec
+    status: InferenceDeploymentStatus | None = None
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            Rule(
+                f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+                f"name must be at most {MAX_NAME_LENGTH} characters (StatefulSet pod labels add a suffix)",
+                field_path=".metadata.name",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> InferenceDeployment:
+        name = self.metadata.name or ""
+        if len(name) > MAX_NAME_LENGTH:
+            raise FieldProblem(
+                "metadata.name",
+                f"name must be at most {MAX_NAME_LENGTH} characters (StatefulSet pod labels add a suffix)",
+            )
+        return self

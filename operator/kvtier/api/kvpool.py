@@ -1,0 +1,261 @@
+"""KVPool: a budget of fast flash (an NVMe-oF array, a CSI StorageClass, or a host path) shared by deployments."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from kvtier.api.common import (
+    API_VERSION,
+    DNS_SUBDOMAIN_PATTERN,
+    Condition,
+    KubeModel,
+    ObjectMeta,
+    SecretReference,
+    Timestamp,
+)
+from kvtier.api.errors import FieldProblem
+from kvtier.api.rules import Rule, cel_rules
+from kvtier.api.units import Duration, Quantity
+
+#: NVMe Qualified Name: `nqn.<yyyy-mm>.<reverse domain>[:<anything>]`, at most 223 bytes (NVMe base spec 4.5).
+NQN_PATTERN = r"^nqn\.[0-9]{4}-(0[1-9]|1[0-2])\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*(:.+)?$"
+UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+HOST_PATTERN = r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$"
+
+NQN = Field(max_length=223, pattern=NQN_PATTERN)
+
+
+class NVMeoFTarget(KubeModel):
+    """One transport address of the array's NVMe-oF subsystems."""
+
+    address: str = Field(min_length=1, max_length=253, pattern=HOST_PATTERN)
+    """IP address or DNS name of a target port (traddr)."""
+    port: int = Field(default=4420, ge=1, le=65535)
+    """Transport service id (trsvcid); 4420 is the NVMe-oF default."""
+
+
+class NVMeoFNamespace(KubeModel):
+    """One namespace of the array's static inventory; each is bound to at most one replica."""
+
+    nqn: str = NQN
+    """NQN of the subsystem that exports the namespace (one subsystem per namespace is the safe layout)."""
+    uuid: str = Field(pattern=UUID_PATTERN, max_length=36)
+    """Namespace UUID; becomes the PersistentVolume's volumeHandle and deviceUUID."""
+    size: Quantity
+    """Usable bytes of the namespace; caps the storage quota of the replica bound to it."""
+
+
+class NVMeoFAuth(KubeModel):
+    """DH-HMAC-CHAP credentials, referenced and never copied into status, logs or Events."""
+
+    secret_ref: SecretReference
+    """Secret with keys `dhchapSecret` (host key) and optionally `dhchapCtrlSecret` (controller key)."""
+
+
+class NVMeoFConnect(KubeModel):
+    """Host connect options (`nvme connect`); applied only by drivers that accept them."""
+
+    ctrl_loss_tmo: int | None = Field(default=None, ge=-1)
+    """Seconds to keep retrying a lost controller (`-l`; -1 retries forever; kernel default 600)."""
+    reconnect_delay: int | None = Field(default=None, ge=1)
+    """Seconds between reconnect attempts (`-c`; kernel default 10)."""
+    nr_io_queues: int | None = Field(default=None, ge=1, le=1024, alias="nrIOQueues")
+    """Number of I/O queues (`-i`)."""
+    queue_size: int | None = Field(default=None, ge=16, le=1024)
+    """I/O queue depth (`-Q`; kernel default 128)."""
+
+
+class NVMeoFStorage(KubeModel):
+    """Static inventory on an NVMe-over-Fabrics array, attached through a CSI node driver."""
+
+    driver: str = Field(default="csi.nvmf.com", min_length=1, max_length=63)
+    """CSI driver name; `csi.nvmf.com` (kubernetes-csi/csi-driver-nvmf) connects one path without auth."""
+    transport: Literal["tcp", "rdma"] = "tcp"
+    targets: list[NVMeoFTarget] = Field(min_length=1, max_length=16)
+    namespaces: list[NVMeoFNamespace] = Field(
+        min_length=1,
+        max_length=4096,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uuid"]},
+    )
+    host_nqn: str | None = Field(default=None, alias="hostNQN", max_length=223, pattern=NQN_PATTERN)
+    """NQN this cluster's hosts present to the array (required with `auth`)."""
+    auth: NVMeoFAuth | None = None
+    connect: NVMeoFConnect | None = None
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            Rule(
+                "!has(self.auth) || has(self.hostNQN)",
+                "hostNQN is required when auth is set: DH-HMAC-CHAP authenticates a host NQN",
+                field_path=".hostNQN",
+                reason="FieldValueRequired",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> NVMeoFStorage:
+        if self.auth is not None and self.host_nqn is None:
+            raise FieldProblem(
+                "hostNQN", "hostNQN is required when auth is set: DH-HMAC-CHAP authenticates a host NQN"
+            )
+        seen: set[str] = set()
+        for index, namespace in enumerate(self.namespaces):
+            key = namespace.uuid.lower()
+            if key in seen:
+                raise FieldProblem(f"namespaces.{index}.uuid", f"duplicate namespace uuid {namespace.uuid}")
+            seen.add(key)
+        return self
+
+
+class CSIStorage(KubeModel):
+    """Dynamic provisioning through any CSI driver's StorageClass (Lightbits, Trident, PowerStore ...)."""
+
+    storage_class_name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    volume_mode: Literal["Block", "Filesystem"] = "Block"
+    """`Block` for LMCache's raw-block tier; `Filesystem` for in-process `local_disk`."""
+
+
+class HostPathStorage(KubeModel):
+    """A directory on every node holding one pre-sized file per replica (development and kind only)."""
+
+    path: str = Field(min_length=2, max_length=4096, pattern=r"^/")
+
+
+class PoolStorage(KubeModel):
+    """Where the pool's bytes live: exactly one backend."""
+
+    nvmeof: NVMeoFStorage | None = None
+    csi: CSIStorage | None = None
+    host_path: HostPathStorage | None = None
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            Rule(
+                "(has(self.nvmeof) ? 1 : 0) + (has(self.csi) ? 1 : 0) + (has(self.hostPath) ? 1 : 0) == 1",
+                "set exactly one storage backend: nvmeof, csi or hostPath",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> PoolStorage:
+        chosen = [name for name in ("nvmeof", "csi", "host_path") if getattr(self, name) is not None]
+        if len(chosen) != 1:
+            raise ValueError("set exactly one storage backend: nvmeof, csi or hostPath")
+        return self
+
+    @property
+    def backend(self) -> Literal["nvmeof", "csi", "hostPath"]:
+        if self.nvmeof is not None:
+            return "nvmeof"
+        return "csi" if self.csi is not None else "hostPath"
+
+
+RebalancePolicy = Literal["Static", "Proportional", "MarginalGain"]
+
+
+class RebalanceSpec(KubeModel):
+    """How often and how boldly the pool's capacity is re-divided between its deployments."""
+
+    policy: RebalancePolicy = "MarginalGain"
+    """`Static` keeps each deployment at its request; `Proportional` divides by weight x demand;
+    `MarginalGain` divides by the prefill work each byte saves, from measured demand curves."""
+    interval: Duration = Field(default="1m", validate_default=True)
+    """How often a new division is computed (at least 1s)."""
+    cooldown: Duration = Field(default="5m", validate_default=True)
+    """Least time between two moves of the same pool."""
+    min_gain: float = Field(default=0.01, ge=0)
+    """Least predicted relative improvement of the pool's objective that justifies a move (0.01 = 1%)."""
+    max_step: float = Field(default=0.25, gt=0, le=1)
+    """Largest fraction of the pool's capacity moved in one round."""
+    dry_run: bool = False
+    """Compute and report moves (Events, status.lastRebalance) without applying them."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            Rule(
+                "!has(self.interval) || duration(self.interval) >= duration('1s')",
+                "interval must be at least 1s",
+                field_path=".interval",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RebalanceSpec:
+        if self.interval < 1:
+            raise FieldProblem("interval", "interval must be at least 1s")
+        return self
+
+
+class KVPoolSpec(KubeModel):
+    capacity: Quantity
+    """Bytes the pool may hand out to deployments (the sum of all storage quotas never exceeds it)."""
+    read_bandwidth: Quantity | None = None
+    """Bytes per second one replica can read from the pool (advisory; weighs hits in the allocator)."""
+    write_bandwidth: Quantity | None = None
+    """Bytes per second one replica can write to the pool (advisory)."""
+    storage: PoolStorage
+    rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec, json_schema_extra={"default": {}})
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            Rule(
+                "quantity(string(self.capacity)).isGreaterThan(quantity('0'))",
+                "capacity must be greater than zero",
+                field_path=".capacity",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> KVPoolSpec:
+        if self.capacity <= 0:
+            raise FieldProblem("capacity", "capacity must be greater than zero")
+        return self
+
+
+class QuotaMove(KubeModel):
+    """One deployment's per-replica storage quota before and after a rebalance."""
+
+    namespace: str
+    name: str
+    from_quota: Quantity
+    to_quota: Quantity
+
+
+class RebalanceRecord(KubeModel):
+    time: Timestamp
+    moved_bytes: Quantity
+    predicted_gain: float
+    """Predicted relative improvement of the pool's objective."""
+    reason: str
+    dry_run: bool = False
+    moves: list[QuotaMove] = Field(default_factory=list)
+
+
+class KVPoolStatus(KubeModel):
+    observed_generation: int | None = None
+    capacity: Quantity | None = None
+    allocated: Quantity | None = None
+    available: Quantity | None = None
+    deployments: int | None = None
+    """Number of InferenceDeployments holding a share of the pool."""
+    conditions: list[Condition] = Field(default_factory=list)
+    last_rebalance: RebalanceRecord | None = None
+
+
+class KVPool(KubeModel):
+    """A KV storage pool: capacity on a flash array that kvtier divides between InferenceDeployments."""
+
+    KIND: ClassVar[str] = "KVPool"
+    PLURAL: ClassVar[str] = "kvpools"
+
+    api_version: Literal["kvtier.io/v1alpha1"] = API_VERSION
+    kind: Literal["KVPool"] = "KVPool"
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: KVPoolSpec
+    status: KVPoolStatus | None = None

@@ -1,0 +1,133 @@
+"""Kubernetes' CEL dialect for `x-kubernetes-validations`, evaluated with cel-python.
+
+The standard CEL library comes from cel-python; on top of it this adds what kvtier's rules use
+from the Kubernetes extension libraries: `quantity()`, `isQuantity()` and the quantity methods
+(`compareTo`, `isGreaterThan`, `isLessThan`, `asInteger`, `sign`), and `fieldPath` reporting
+the way the API server reports it. `oldSelf` is bound when an old object is given
+(transition rules are skipped on create, as the API server does).
+"""
+
+from __future__ import annotations
+
+import functools
+from decimal import Decimal
+from typing import Any, NamedTuple
+
+import celpy
+from celpy import celtypes
+
+from kvtier.api.units import quantity_value
+
+
+@functools.total_ordering
+class KubernetesQuantity:
+    """The value CEL's `quantity()` returns."""
+
+    def __init__(self, value: Decimal):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KubernetesQuantity) and self.value == other.value
+
+    def __lt__(self, other: KubernetesQuantity) -> bool:
+        return self.value < other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+def _quantity(text: Any) -> KubernetesQuantity:
+    return KubernetesQuantity(quantity_value(str(text)))
+
+
+def _is_quantity(text: Any) -> celtypes.BoolType:
+    try:
+        quantity_value(str(text))
+    except ValueError:
+        return celtypes.BoolType(False)
+    return celtypes.BoolType(True)
+
+
+def _compare(left: KubernetesQuantity, right: KubernetesQuantity) -> celtypes.IntType:
+    return celtypes.IntType((left.value > right.value) - (left.value < right.value))
+
+
+def _as_integer(quantity: KubernetesQuantity) -> celtypes.IntType:
+    if quantity.value != quantity.value.to_integral_value():
+        raise ValueError("quantity is not an integer")
+    return celtypes.IntType(int(quantity.value))
+
+
+KUBERNETES_FUNCTIONS = {
+    "quantity": _quantity,
+    "isQuantity": _is_quantity,
+    "compareTo": _compare,
+    "isGreaterThan": lambda a, b: celtypes.BoolType(a.value > b.value),
+    "isLessThan": lambda a, b: celtypes.BoolType(a.value < b.value),
+    "asInteger": _as_integer,
+    "sign": lambda q: celtypes.IntType((q.value > 0) - (q.value < 0)),
+}
+
+_environment = celpy.Environment()
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_rule(rule: str) -> celpy.Runner:
+    """A compiled rule (cached: CRDs are validated far more often than they change)."""
+    return _environment.program(_environment.compile(rule), functions=KUBERNETES_FUNCTIONS)
+
+
+class RuleFailure(NamedTuple):
+    """A failed rule: the field it blames (`fieldPath` if the rule names one) and its message."""
+
+    field: str
+    message: str
+
+
+def _join(path: str, part: str | int) -> str:
+    if isinstance(part, int):
+        return f"{path}[{part}]"
+    return f"{path}.{part}" if path else part
+
+
+def _join_field_path(path: str, field_path: str) -> str:
+    # fieldPath is written relative to the node: `.min`, `.engine.args`, `['key']`.
+    return f"{path}{field_path}" if path else field_path.lstrip(".")
+
+
+def validate_rules(
+    schema: dict[str, Any], obj: Any, old: Any = None, *, path: str = ""
+) -> list[RuleFailure]:
+    """Evaluate every `x-kubernetes-validations` rule in `schema` against `obj` (and `old`)."""
+    failures: list[RuleFailure] = []
+    if obj is None:
+        return failures
+    for entry in schema.get("x-kubernetes-validations", ()):
+        rule = entry["rule"]
+        if "oldSelf" in rule and old is None:
+            continue
+        activation = {"self": celpy.json_to_cel(obj)}
+        if old is not None:
+            activation["oldSelf"] = celpy.json_to_cel(old)
+        field = _join_field_path(path, entry["fieldPath"]) if entry.get("fieldPath") else path
+        try:
+            result = compile_rule(rule).evaluate(activation)
+        except Exception as error:  # noqa: BLE001 - any evaluation failure rejects, like the API server
+            failures.append(RuleFailure(field, f"rule evaluation error: {rule}: {error}"))
+            continue
+        if isinstance(result, celpy.CELEvalError):
+            failures.append(RuleFailure(field, f"rule evaluation error: {rule}: {result.args[0]}"))
+        elif not bool(result):
+            failures.append(RuleFailure(field, entry.get("message") or f"failed rule: {rule}"))
+    if isinstance(obj, dict):
+        properties = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        for key, value in obj.items():
+            child = properties.get(key) or (extra if isinstance(extra, dict) else None)
+            if child is not None:
+                old_value = old.get(key) if isinstance(old, dict) else None
+                failures += validate_rules(child, value, old_value, path=_join(path, key))
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for index, item in enumerate(obj):
+            failures += validate_rules(schema["items"], item, None, path=_join(path, index))
+    return failures
