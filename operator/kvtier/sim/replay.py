@@ -1,0 +1,221 @@
+"""Virtual-time replay of several tenants' traces through their engines and a shared pool.
+
+Each tenant runs ``replicas`` :class:`~kvtier.sim.engine.Engine` s, each with its own HBM and
+CPU tiers, sharing one storage tier: the tenant's salt's partition of one
+:class:`~kvtier.sim.cache.IsolatedLRU` pool (so a partition is one LRU, as the scenario format
+requires). A request goes to the replica whose prefill engine frees up first (ties: the lowest
+index). Requests of all tenants are merged in arrival order (ties: tenant order, then trace
+order) and served without sleeping. Hooks run
+every N virtual seconds, at N, 2N, ... before the first request arriving at or after that time:
+this is where scrapes and policy epochs happen, and a hook may change quotas.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtier.sim.cache import IsolatedLRU
+from kvtier.sim.engine import Engine, EngineParams, EngineStats, RequestOutcome, Tier
+from kvtier.sim.trace import Request
+
+Hook = Callable[[float], None]
+
+
+@dataclass(frozen=True)
+class TenantWorkload:
+    """A tenant's requests (sorted by arrival, blocks already namespaced) and its replica's parameters."""
+
+    name: str
+    requests: Sequence[Request]
+    params: EngineParams
+    #: The pool partition (LMCache ``cache_salt``) the tenant stores into; defaults to its name.
+    salt: str | None = None
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class TenantResult:
+    """Hit and latency totals of one tenant, or of all of them."""
+
+    requests: int
+    accessed_blocks: int
+    hit_blocks: int
+    prompt_tokens: int
+    hit_tokens: int
+    hit_blocks_by_tier: dict[str, int]
+    hit_tokens_by_tier: dict[str, int]
+    prefill_seconds_saved: float
+    ttft_p50_seconds: float
+    ttft_p99_seconds: float
+
+    @property
+    def block_hit_ratio(self) -> float:
+        return self.hit_blocks / self.accessed_blocks if self.accessed_blocks else 0.0
+
+    @property
+    def token_hit_ratio(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The per-policy fields of the ``kvtier sim replay --json`` output."""
+        return {
+            "block_hit_ratio": self.block_hit_ratio,
+            "hit_blocks": self.hit_blocks,
+            "accessed_blocks": self.accessed_blocks,
+            "token_hit_ratio": self.token_hit_ratio,
+            "prefill_seconds_saved": self.prefill_seconds_saved,
+            "ttft_p50_seconds": self.ttft_p50_seconds,
+            "ttft_p99_seconds": self.ttft_p99_seconds,
+            "hit_blocks_by_tier": dict(self.hit_blocks_by_tier),
+            "hit_tokens_by_tier": dict(self.hit_tokens_by_tier),
+        }
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    overall: TenantResult
+    per_tenant: dict[str, TenantResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.overall.to_dict(), "per_tenant": {name: r.to_dict() for name, r in self.per_tenant.items()}}
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of sorted values, interpolated linearly; 0 for none."""
+    if not sorted_values:
+        return 0.0
+    rank = (len(sorted_values) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
+
+
+@dataclass(order=True)
+class _Schedule:
+    due: float
+    order: int
+    period: float = field(compare=False)
+    count: int = field(compare=False)
+    hook: Hook = field(compare=False)
+
+
+class Replay:
+    """Replays tenants through engines sharing ``pool``; run it once with :meth:`run`."""
+
+    def __init__(self, tenants: Sequence[TenantWorkload], pool: IsolatedLRU | None = None) -> None:
+        names = [tenant.name for tenant in tenants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tenant names must be unique: {names}")
+        for tenant in tenants:
+            if tenant.replicas < 1:
+                raise ValueError(f"tenant {tenant.name}: replicas must be >= 1")
+            arrivals = [request.arrival for request in tenant.requests]
+            if any(a > b for a, b in zip(arrivals, arrivals[1:])):
+                raise ValueError(f"tenant {tenant.name}: requests must be sorted by arrival")
+        self.tenants = list(tenants)
+        self.pool = pool if pool is not None else IsolatedLRU()
+        self.salts = {tenant.name: tenant.salt or tenant.name for tenant in tenants}
+        #: Tenant name -> its replicas' engines.
+        self.replicas = {
+            tenant.name: [
+                Engine(tenant.params, self.pool.partition(self.salts[tenant.name])) for _ in range(tenant.replicas)
+            ]
+            for tenant in tenants
+        }
+        #: Virtual time: the arrival of the request being served, or of the hook running.
+        self.now = 0.0
+        self._schedules: list[_Schedule] = []
+        self._ttfts: dict[str, list[float]] = {tenant.name: [] for tenant in tenants}
+        self._done = False
+
+    def every(self, seconds: float, hook: Hook) -> None:
+        """Call ``hook(now)`` at virtual times seconds, 2 x seconds, ... (hooks due together run in registration order)."""
+        if seconds <= 0:
+            raise ValueError(f"seconds must be > 0, got {seconds}")
+        heapq.heappush(self._schedules, _Schedule(seconds, len(self._schedules), seconds, 1, hook))
+
+    def set_quota(self, tenant: str, blocks: int) -> int:
+        """Set a tenant's storage quota (its salt's) in blocks; returns the blocks evicted."""
+        return self.pool.set_quota(self.salts[tenant], blocks)
+
+    def quota(self, tenant: str) -> int:
+        return self.pool.quota(self.salts[tenant]) or 0
+
+    def run(self) -> ReplayResult:
+        """Serve every request in arrival order, running the hooks as virtual time passes."""
+        if self._done:
+            raise RuntimeError("a Replay runs once")
+        self._done = True
+        for name, engines in self.replicas.items():
+            for engine in engines:
+                engine.listeners.append(_ttft_collector(self._ttfts[name]))
+        streams = [_tagged(tenant.requests, index) for index, tenant in enumerate(self.tenants)]
+        replicas = [self.replicas[tenant.name] for tenant in self.tenants]
+        schedules = self._schedules
+        next_due = schedules[0].due if schedules else math.inf
+        for arrival, index, request in heapq.merge(*streams, key=lambda item: (item[0], item[1])):
+            if arrival >= next_due:
+                next_due = self._run_hooks(arrival)
+            self.now = arrival
+            engines = replicas[index]
+            engine = engines[0] if len(engines) == 1 else min(engines, key=_prefill_free_at)
+            engine.submit(arrival, request.blocks, request.input_tokens, request.output_tokens)
+        return self.result()
+
+    def _run_hooks(self, until: float) -> float:
+        """Run every hook due at or before ``until``, in time order; returns the next due time."""
+        schedules = self._schedules
+        while schedules and schedules[0].due <= until:
+            schedule = heapq.heappop(schedules)
+            self.now = schedule.due
+            schedule.hook(schedule.due)
+            schedule.count += 1
+            schedule.due = schedule.count * schedule.period
+            heapq.heappush(schedules, schedule)
+        return schedules[0].due
+
+    def result(self) -> ReplayResult:
+        """Totals so far, per tenant and over all tenants."""
+        per_tenant = {
+            name: _totals([engine.stats for engine in engines], self._ttfts[name])
+            for name, engines in self.replicas.items()
+        }
+        every_ttft = [ttft for ttfts in self._ttfts.values() for ttft in ttfts]
+        overall = _totals([engine.stats for engines in self.replicas.values() for engine in engines], every_ttft)
+        return ReplayResult(overall, per_tenant)
+
+
+def _tagged(requests: Sequence[Request], index: int) -> Iterator[tuple[float, int, Request]]:
+    for request in requests:
+        yield request.arrival, index, request
+
+
+def _prefill_free_at(engine: Engine) -> float:
+    return engine.prefill_free_at
+
+
+def _ttft_collector(sink: list[float]) -> Callable[[RequestOutcome], None]:
+    def collect(outcome: RequestOutcome) -> None:
+        sink.append(outcome.first_token - outcome.arrival)
+
+    return collect
+
+
+def _totals(stats: Sequence[EngineStats], ttfts: list[float]) -> TenantResult:
+    ordered = sorted(ttfts)
+    return TenantResult(
+        requests=sum(s.requests for s in stats),
+        accessed_blocks=sum(s.accessed_blocks for s in stats),
+        hit_blocks=sum(s.total_hit_blocks for s in stats),
+        prompt_tokens=sum(s.prompt_tokens for s in stats),
+        hit_tokens=sum(s.total_hit_tokens for s in stats),
+        hit_blocks_by_tier={tier.name.lower(): sum(s.hit_blocks[tier] for s in stats) for tier in Tier},
+        hit_tokens_by_tier={tier.name.lower(): sum(s.hit_tokens[tier] for s in stats) for tier in Tier},
+        prefill_seconds_saved=sum(s.prefill_seconds_saved for s in stats),
+        ttft_p50_seconds=percentile(ordered, 50),
+        ttft_p99_seconds=percentile(ordered, 99),
+    )
