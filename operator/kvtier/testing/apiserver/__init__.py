@@ -1,0 +1,22 @@
+"""An in-process Kubernetes API server with real semantics, for tests, demos and benchmarks.
+
+    async with APIServer() as server:          # or: with ThreadedAPIServer() as server:
+        server.write_kubeconfig(path)          # kubectl / kubernetes client / kopf
+        server.faults.add(verb="patch", resource="pods", status=409, times=2)
+        server.requests.filter(verb="watch")
+
+Modules: :mod:`.core` (semantics), :mod:`.store` (storage, watches), :mod:`.resources` (types,
+discovery), :mod:`.schema` (validation), :mod:`.patch` and :mod:`.apply` (PATCH flavours,
+server-side apply), :mod:`.table` (kubectl columns), :mod:`.openapi`, :mod:`.faults`,
+:mod:`.http` (routing), :mod:`.server` (lifecycle, kubeconfig).
+"""
+
+from .core import Cluster, WriteOptions
+from .errors import StatusError
+from .faults import FaultInjector, FaultRule, RequestLog, RequestRecord
+from .server import APIServer, ThreadedAPIServer, write_kubeconfig
+
+__all__ = [
+    "APIServer", "Cluster", "FaultInjector", "FaultRule", "RequestLog", "RequestRecord", "StatusError",
+    "ThreadedAPIServer", "WriteOptions", "write_kubeconfig",
+]

@@ -1,0 +1,151 @@
+"""Server-side printing: `meta.k8s.io` Tables for `kubectl get`.
+
+Custom resources get a Name column followed by their CRD's `additionalPrinterColumns` (or Name
+and Age when the CRD declares none); built-ins get Name and Age.  Column JSONPaths support the
+simple forms CRDs use (`.a.b`, `.a[0].b`, `.a['k.x']`, optionally wrapped in `{}`); `date`
+columns are rendered as ages like the real server (`5s`, `3m20s`, `2d4h`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from typing import Any
+
+from .resources import ResourceType
+
+_NAME_COLUMN = {
+    "name": "Name", "type": "string", "format": "name", "priority": 0,
+    "description": "Name must be unique within a namespace.",
+}
+_AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp", "priority": 0,
+               "description": "CreationTimestamp is a timestamp representing the server time when this object was created."}
+
+_SEGMENT = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]|\['([^']*)'\]|\[\"([^\"]*)\"\]")
+
+
+def jsonpath(obj: Any, path: str) -> Any:
+    """Evaluate a simple JSONPath; None when any step is missing."""
+    path = path.strip()
+    if path.startswith("{") and path.endswith("}"):
+        path = path[1:-1]
+    pos = 0
+    while pos < len(path):
+        m = _SEGMENT.match(path, pos)
+        if not m:
+            return None
+        pos = m.end()
+        name, index, quoted, dquoted = m.groups()
+        key = name if name is not None else (quoted if quoted is not None else dquoted)
+        if key is not None:
+            obj = obj.get(key) if isinstance(obj, dict) else None
+        else:
+            i = int(index)
+            obj = obj[i] if isinstance(obj, list) and i < len(obj) else None
+        if obj is None:
+            return None
+    return obj
+
+
+def human_duration(seconds: float) -> str:
+    """Go's `duration.HumanDuration`, as kubectl shows ages."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m" if s % 60 == 0 else f"{minutes}m{s % 60}s"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = s // 3600
+    if hours < 8:
+        return f"{hours}h" if minutes % 60 == 0 else f"{hours}h{minutes % 60}m"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{hours // 24}d" if hours % 24 == 0 else f"{hours // 24}d{hours % 24}h"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24}d"
+    years, days = hours // (24 * 365), (hours // 24) % 365
+    if years < 8:
+        return f"{years}y" if days == 0 else f"{years}y{days}d"
+    return f"{years}y"
+
+
+def _age(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return human_duration((dt.datetime.now(dt.timezone.utc) - when).total_seconds())
+
+
+def columns(rt: ResourceType) -> list[dict[str, Any]]:
+    """Column definitions: Name, then the printer columns (each keeps its jsonPath)."""
+    declared = rt.printer_columns if rt.custom and rt.printer_columns else [_AGE_COLUMN]
+    result = [dict(_NAME_COLUMN)]
+    for col in declared:
+        result.append({
+            "name": col["name"],
+            "type": col.get("type", "string"),
+            "format": col.get("format", ""),
+            "description": col.get("description", ""),
+            "priority": col.get("priority", 0),
+            "jsonPath": col.get("jsonPath", ""),
+        })
+    return result
+
+
+def _cell(col: dict[str, Any], obj: dict[str, Any]) -> Any:
+    if col.get("format") == "name" and "jsonPath" not in col:
+        return obj["metadata"]["name"]
+    value = jsonpath(obj, col["jsonPath"])
+    if value is None:
+        return None
+    kind = col["type"]
+    if kind == "date":
+        return _age(value)
+    if kind == "integer" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(value)
+    if kind == "number" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    if kind == "boolean" and isinstance(value, bool):
+        return value
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value) if not isinstance(value, bool) else ("true" if value else "false")
+
+
+def _row_object(obj: dict[str, Any], include: str) -> dict[str, Any] | None:
+    if include == "None":
+        return None
+    if include == "Object":
+        return obj
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+
+
+def table(rt: ResourceType, objects: list[dict[str, Any]], resource_version: str, include: str = "Metadata",
+          list_meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A `meta.k8s.io/v1` Table of `objects`."""
+    cols = columns(rt)
+    rows = []
+    for obj in objects:
+        row: dict[str, Any] = {"cells": [_cell(c, obj) for c in cols]}
+        row_obj = _row_object(obj, include)
+        if row_obj is not None:
+            row["object"] = row_obj
+        rows.append(row)
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version, **(list_meta or {})},
+        "columnDefinitions": [{k: v for k, v in c.items() if k != "jsonPath"} for c in cols],
+        "rows": rows,
+    }
