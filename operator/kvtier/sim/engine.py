@@ -60,13 +60,18 @@ class EngineParams:
         if self.hbm_blocks < 0 or self.cpu_blocks < 0 or self.decode_seconds_per_token < 0:
             raise ValueError("hbm_blocks, cpu_blocks and decode_seconds_per_token must be >= 0")
 
+    @property
+    def block_bytes(self) -> int:
+        """KV bytes of one block (to turn byte quotas such as LMCache's ``limit_gb`` into blocks)."""
+        return self.block_tokens * self.kv_bytes_per_token
+
     def prefill_seconds_saved_per_block(self, tier: Tier) -> float:
         """Prefill seconds a hit block saves: its recompute time minus its load time from ``tier``."""
         recompute = self.block_tokens / self.prefill_tokens_per_second
         if tier is Tier.HBM:
             return recompute
         bandwidth = self.cpu_read_bytes_per_second if tier is Tier.CPU else self.storage_read_bytes_per_second
-        return recompute - self.block_tokens * self.kv_bytes_per_token / bandwidth
+        return recompute - self.block_bytes / bandwidth
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 #: The distance of a block the stack does not hold (never seen, or beyond a bounded tracker).
 INFINITE = math.inf
@@ -31,7 +31,7 @@ _MIN_TIMELINE = 1024
 
 
 class StackDistanceTracker:
-    """Effective LRU stack distances of a request stream.
+    """Effective LRU stack distances of a request stream (block ids: ints, or any hashable such as hex digests).
 
     With ``max_blocks`` only the top ``max_blocks`` blocks of the stack are tracked (memory is
     bounded); a deeper block's distance is reported as INFINITE. Distances up to ``max_blocks``
@@ -45,7 +45,7 @@ class StackDistanceTracker:
             raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
         self.max_blocks = max_blocks
         # Tracked block -> time of its last touch, least recently touched first.
-        self._last: OrderedDict[int, int] = OrderedDict()
+        self._last: OrderedDict[Hashable, int] = OrderedDict()
         # Fenwick tree (1-based) over times 0..size-1: position t+1 counts a mark at time t.
         self._size = _MIN_TIMELINE
         self._tree = [0] * (self._size + 1)
@@ -55,7 +55,7 @@ class StackDistanceTracker:
         """Distinct blocks tracked."""
         return len(self._last)
 
-    def access(self, blocks: Sequence[int]) -> list[Distance]:
+    def access(self, blocks: Sequence[Hashable]) -> list[Distance]:
         """One request: returns each block's effective distance, then touches the blocks."""
         if self._now + len(blocks) > self._size:
             self._renumber(len(blocks))
@@ -228,7 +228,7 @@ class WindowedStackDistance:
         self.histogram = DistanceHistogram()
         self.decay = decay
 
-    def access(self, blocks: Sequence[int]) -> list[Distance]:
+    def access(self, blocks: Sequence[Hashable]) -> list[Distance]:
         distances = self.tracker.access(blocks)
         self.histogram.add(distances)
         return distances
@@ -239,7 +239,7 @@ class WindowedStackDistance:
             self.histogram.scale(self.decay)
 
 
-def stream_histogram(requests: Iterable[Sequence[int]], max_blocks: int | None = None) -> DistanceHistogram:
+def stream_histogram(requests: Iterable[Sequence[Hashable]], max_blocks: int | None = None) -> DistanceHistogram:
     """The distance histogram of a whole stream of requests (each a sequence of block ids)."""
     tracker = StackDistanceTracker(max_blocks)
     histogram = DistanceHistogram()
@@ -249,7 +249,7 @@ def stream_histogram(requests: Iterable[Sequence[int]], max_blocks: int | None =
 
 
 def epoch_histograms(
-    requests: Iterable[tuple[float, Sequence[int]]], epoch_seconds: float
+    requests: Iterable[tuple[float, Sequence[Hashable]]], epoch_seconds: float
 ) -> list[DistanceHistogram]:
     """Per-epoch histograms of distances computed on the whole stream.
 
