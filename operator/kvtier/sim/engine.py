@@ -145,8 +145,10 @@ class Engine:
         self._prefill_free_at = float("-inf")
         # Decode end times of the requests holding batch slots (a min-heap of at most max_running).
         self._slots: list[float] = []
-        # (started, finished, KV blocks) of requests not known to be finished, for the gauges.
+        # (started, finished, KV blocks) of requests not known to be finished, for the gauges;
+        # pruned when read and whenever it has doubled since the last pruning.
         self._in_flight: list[tuple[float, float, int]] = []
+        self._prune_above = 64
 
     def submit(self, arrival: float, blocks: Sequence[int], input_tokens: int, output_tokens: int) -> RequestOutcome:
         """Serve one request arriving at ``arrival`` (not before the previous one's arrival)."""
@@ -181,6 +183,8 @@ class Engine:
         heapq.heappush(slots, finished)
         kv_blocks = len(blocks) + -(-output_tokens // params.block_tokens)
         self._in_flight.append((started, finished, kv_blocks))
+        if len(self._in_flight) > self._prune_above:
+            self._prune_above = 2 * len(self._settle(arrival)) + 64
 
         outcome = RequestOutcome(
             arrival, blocks, input_tokens, output_tokens, hit_blocks, hit_tokens, started, first_token, finished
@@ -239,6 +243,7 @@ class Engine:
         return (tokens[0], tokens[1], tokens[2])
 
     def _settle(self, now: float) -> list[tuple[float, float, int]]:
+        """Forget the requests finished by ``now``; gauges are read at times >= the last arrival."""
         self._in_flight = [entry for entry in self._in_flight if entry[1] > now]
         return self._in_flight
 

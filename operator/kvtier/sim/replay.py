@@ -5,9 +5,9 @@ CPU tiers, sharing one storage tier: the tenant's salt's partition of one
 :class:`~kvtier.sim.cache.IsolatedLRU` pool (so a partition is one LRU, as the scenario format
 requires). A request goes to the replica whose prefill engine frees up first (ties: the lowest
 index). Requests of all tenants are merged in arrival order (ties: tenant order, then trace
-order) and served without sleeping. Hooks run
-every N virtual seconds, at N, 2N, ... before the first request arriving at or after that time:
-this is where scrapes and policy epochs happen, and a hook may change quotas.
+order) and served without sleeping. Hooks run every N virtual seconds, at N, 2N, ..., after
+every request arriving before that time and before the first arriving at or after it: this is
+where scrapes and policy epochs happen, and a hook may change quotas or read the engines.
 """
 
 from __future__ import annotations
