@@ -50,6 +50,8 @@ def test_lookup_walks_the_tiers_in_order_and_stores_into_all():
     assert stats.accessed_blocks == 12 and stats.total_hit_blocks == 6
     assert stats.block_hit_ratio == 0.5
     assert stats.token_hit_ratio == (3 * 1024 - 100) / (2 * (6 * 512 - 100))
+    assert stats.external_query_tokens == 2 * (6 * 512 - 100) - 1024
+    assert stats.external_hit_tokens == 2 * 1024 - 100
     saved = sum(2 * params.prefill_seconds_saved_per_block(tier) for tier in Tier)
     assert stats.prefill_seconds_saved == pytest.approx(saved)
     assert params.prefill_seconds_saved_per_block(Tier.HBM) == 512 / 10_000

@@ -1,6 +1,10 @@
 """kvsim: a vLLM + LMCache engine model (cache tiers, latency) and its virtual-time trace replay.
 
-Modules: ``trace`` (Mooncake traces), ``cache`` (LRU and IsolatedLRU with prefix semantics),
-``stackdist`` (exact LRU stack distances), ``engine`` (one replica), ``replay`` (many tenants in
-virtual time), ``scenario`` (the replay scenario format), ``policies`` (pool-division policies).
+- ``trace``: Mooncake JSONL traces -> :class:`Request` (arrival seconds, tokens, namespaced block ids).
+- ``cache``: :class:`LRUCache` (prefix semantics, live resize) and :class:`IsolatedLRU` (per-salt quotas).
+- ``stackdist``: exact LRU stack distances with prefix semantics -> :class:`DistanceHistogram`
+  (hit ratio at every capacity), whole-stream, per-epoch, or bounded and decaying (the probe).
+- ``engine``: one replica (:class:`Engine`): HBM -> CPU -> storage tiers, TTFT, watermark, counters.
+- ``replay``: many tenants' traces merged in virtual time through engines sharing one pool, with hooks.
+- ``scenario``: the replay scenario file format; ``policies``: how a policy divides the pool.
 """

@@ -96,6 +96,16 @@ class EngineStats:
         return sum(self.hit_tokens)
 
     @property
+    def external_query_tokens(self) -> int:
+        """Prompt tokens the HBM prefix cache missed, so vLLM asked LMCache for them."""
+        return self.prompt_tokens - self.hit_tokens[Tier.HBM]
+
+    @property
+    def external_hit_tokens(self) -> int:
+        """Tokens LMCache served (CPU and storage tiers)."""
+        return self.hit_tokens[Tier.CPU] + self.hit_tokens[Tier.STORAGE]
+
+    @property
     def block_hit_ratio(self) -> float:
         return self.total_hit_blocks / self.accessed_blocks if self.accessed_blocks else 0.0
 
