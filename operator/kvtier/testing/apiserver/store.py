@@ -123,7 +123,7 @@ class Store:
     def collection(self, key: tuple[str, str]) -> Collection:
         coll = self.collections.get(key)
         if coll is None:
-            coll = self.collections[key] = Collection(self.history_size, compacted_rv=self.rv)
+            coll = self.collections[key] = Collection(self.history_size)
         return coll
 
     def drop_collection(self, key: tuple[str, str]) -> None:
