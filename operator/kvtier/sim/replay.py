@@ -104,7 +104,11 @@ class _Schedule:
 
 
 class Replay:
-    """Replays tenants through engines sharing ``pool``; run it once with :meth:`run`."""
+    """Replays tenants through engines sharing ``pool``; run it once with :meth:`run`.
+
+    Without a ``pool`` every salt has limit 0 until a hook sets a quota. ``salts`` maps tenant ->
+    salt, ``replicas`` tenant -> engines; hooks may read both, the pool, and :meth:`result`.
+    """
 
     def __init__(self, tenants: Sequence[TenantWorkload], pool: IsolatedLRU | None = None) -> None:
         names = [tenant.name for tenant in tenants]
