@@ -29,6 +29,8 @@ class Api:
     def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
                 headers: dict[str, str] | None = None, raw: bytes | None = None,
                 ) -> tuple[int, Any, urllib3.HTTPHeaderDict]:
+        if isinstance(body, str):
+            raw = body.encode()
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
         all_headers = {"Content-Type": content_type, **(headers or {})}
         response = self.http.request(method, self.url + path, body=data, headers=all_headers, retries=False,
@@ -51,9 +53,6 @@ class Api:
 
     def patch(self, path: str, body: Any, content_type: str = "application/merge-patch+json",
               **kw: Any) -> tuple[int, Any, Any]:
-        if isinstance(body, (bytes, str)):
-            return self.request("PATCH", path, content_type=content_type,
-                                raw=body.encode() if isinstance(body, str) else body, **kw)
         return self.request("PATCH", path, body, content_type=content_type, **kw)
 
     def delete(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any, Any]:

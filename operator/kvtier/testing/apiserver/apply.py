@@ -235,6 +235,10 @@ def _merge(live: Any, config: Any, names: tuple[str, ...], list_keys: ListKeys) 
     return copy.deepcopy(config)
 
 
+def _is_key_field(path: Path) -> bool:
+    return len(path) >= 2 and path[-2].startswith("k:") and path[-1][2:] in json.loads(path[-2][2:])
+
+
 def _readable(path: Path) -> str:
     return "." + ".".join(p[2:] if p.startswith("f:") else f"[{p[2:]}]" for p in path)
 
@@ -272,7 +276,8 @@ def server_side_apply(
     result = copy.deepcopy(live) if live else {}
     mine = _entry(entries, manager, "Apply", config.get("apiVersion", ""), now)
     others = set().union(*(e["_paths"] for e in entries if e is not mine)) if len(entries) > 1 else set()
-    for path in mine["_paths"] - set(applied) - others:
+    # Key fields of keyed items go last: removing them first would orphan the item's other fields.
+    for path in sorted(mine["_paths"] - set(applied) - others, key=_is_key_field):
         _remove(result, path)
     spec_config = {k: v for k, v in config.items() if k != "status"}
     result = _merge(result, spec_config, (), list_keys)

@@ -230,9 +230,9 @@ class Cluster:
                subresource: str | None = None) -> dict[str, Any]:
         opts = opts or WriteOptions()
         old = self.get(rt, namespace, name)
-        new = self._check_body(rt, namespace, body, name)
         if subresource == "scale":
             return self._write_scale(rt, old, body, opts)
+        new = self._check_body(rt, namespace, body, name)
         return self._commit(rt, old, new, opts, subresource)
 
     def patch(self, rt: ResourceType, namespace: str | None, name: str, patch_type: str, body: bytes,
@@ -266,7 +266,7 @@ class Cluster:
 
     def apply(self, rt: ResourceType, namespace: str | None, name: str, body: bytes, opts: WriteOptions,
               subresource: str | None = None) -> dict[str, Any]:
-        if not opts.manager or opts.manager == "unknown":
+        if not opts.manager:
             raise StatusError(422, "Invalid", 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
                                               "is required for apply patch")
         try:

@@ -252,7 +252,9 @@ class APIHandler:
 
     def _options(self, request: web.Request) -> WriteOptions:
         query = request.query
-        manager = query.get("fieldManager") or request.headers.get("User-Agent", "unknown").split("/")[0] or "unknown"
+        manager = query.get("fieldManager") or ""
+        if not manager and request.content_type != APPLY_PATCH:  # apply needs an explicit manager
+            manager = request.headers.get("User-Agent", "").split("/")[0] or "unknown"
         validation = query.get("fieldValidation") or "Warn"
         if validation not in ("Ignore", "Warn", "Strict"):
             raise errors.bad_request(f"fieldValidation must be one of Ignore, Warn, Strict, got {validation!r}")
