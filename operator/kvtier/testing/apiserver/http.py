@@ -243,6 +243,8 @@ class APIHandler:
         return await request.read()
 
     def _parse(self, raw: bytes, content_type: str) -> Any:
+        if "protobuf" in content_type:  # client-go falls back to JSON on 415
+            raise errors.unsupported_media_type(content_type, [JSON, "application/yaml"])
         try:
             if "yaml" in content_type:
                 return yaml.safe_load(raw)

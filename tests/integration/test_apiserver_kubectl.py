@@ -1,0 +1,154 @@
+"""The real kubectl binary against the embedded API server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import yaml
+from apiserver_helpers import CRDS, MERGE
+
+WIDGET = """
+apiVersion: test.kvtier.io/v1
+kind: Widget
+metadata:
+  name: w
+  labels: {app: demo}
+spec:
+  size: large
+  replicas: 2
+  engine:
+    args: ["--a"]
+"""
+
+DEPLOYMENT = """
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+        - name: main
+          image: main:1
+          env: [{name: A, value: "1"}]
+        - name: sidecar
+          image: side:1
+"""
+
+
+def install(kubectl) -> None:
+    kubectl("apply", "-f", str(CRDS))
+    kubectl("wait", "--for=condition=Established", "crd/widgets.test.kvtier.io", "--timeout=10s")
+
+
+def test_apply_and_get_with_printer_columns(kubectl, api, apiserver):
+    install(kubectl)
+    out = kubectl("apply", "-f", "-", stdin=WIDGET).stdout
+    assert "widget.test.kvtier.io/w created" in out
+    api.ok("PATCH", "/apis/test.kvtier.io/v1/namespaces/default/widgets/w/status",
+           {"status": {"kv": {"hitRatio": {"total": 0.5}}}}, content_type=MERGE)
+    lines = kubectl("get", "widgets").stdout.splitlines()
+    assert lines[0].split() == ["NAME", "SIZE", "REPLICAS", "HIT", "AGE"]
+    assert lines[1].split()[:4] == ["w", "large", "2", "0.5"]
+    assert kubectl("get", "wdg", "-o", "name").stdout.strip() == "widget.test.kvtier.io/w"  # short name
+    assert kubectl("get", "kvtier-test").stdout.splitlines()[1].startswith("w ")  # category
+    got = json.loads(kubectl("get", "widget", "w", "-o", "json").stdout)
+    assert got["spec"]["engine"]["image"] == "vllm/vllm-openai:latest"  # server-side default
+    # Re-applying a changed manifest patches the object (client-side apply, JSON merge patch for CRs).
+    out = kubectl("apply", "-f", "-", stdin=WIDGET.replace("replicas: 2", "replicas: 3")).stdout
+    assert "widget.test.kvtier.io/w configured" in out
+    assert json.loads(kubectl("get", "widget", "w", "-o", "json").stdout)["spec"]["replicas"] == 3
+    assert "unchanged" in kubectl("apply", "-f", "-", stdin=WIDGET.replace("replicas: 2", "replicas: 3")).stdout
+    assert {"create", "patch"} <= {r.verb for r in apiserver.requests.filter(resource="widgets")}
+
+
+def test_apply_rejects_invalid_resources_with_the_field(kubectl):
+    install(kubectl)
+    bad = kubectl("apply", "-f", "-", stdin=WIDGET.replace("size: large", "size: huge"), check=False)
+    assert bad.returncode != 0 and "spec.size" in bad.stderr and "Unsupported value" in bad.stderr
+    unknown = kubectl("apply", "-f", "-", stdin=WIDGET.replace("replicas: 2", "replicas: 2\n  bogus: 1"), check=False)
+    assert unknown.returncode != 0 and 'unknown field "spec.bogus"' in unknown.stderr
+    assert kubectl("apply", "--validate=false", "-f", "-",
+                   stdin=WIDGET.replace("replicas: 2", "replicas: 2\n  bogus: 1")).returncode == 0
+
+
+def test_scale(kubectl):
+    install(kubectl)
+    kubectl("apply", "-f", "-", stdin=WIDGET)
+    assert "scaled" in kubectl("scale", "widget/w", "--replicas=5").stdout
+    assert json.loads(kubectl("get", "widget", "w", "-o", "json").stdout)["spec"]["replicas"] == 5
+    kubectl("apply", "-f", "-", stdin=DEPLOYMENT)
+    kubectl("scale", "deployment/web", "--replicas=4")
+    assert kubectl("get", "deploy", "web", "-o", "jsonpath={.spec.replicas}").stdout == "4"
+
+
+def test_patch_merge_json_and_strategic(kubectl):
+    install(kubectl)
+    kubectl("apply", "-f", "-", stdin=WIDGET)
+    kubectl("patch", "widget", "w", "--type=merge", "-p", '{"spec":{"size":"small"}}')
+    kubectl("patch", "widget", "w", "--type=json", "-p", '[{"op":"replace","path":"/spec/replicas","value":7}]')
+    got = json.loads(kubectl("get", "widget", "w", "-o", "json").stdout)
+    assert got["spec"]["size"] == "small" and got["spec"]["replicas"] == 7
+    refused = kubectl("patch", "widget", "w", "-p", '{"spec":{"size":"medium"}}', check=False)  # strategic on a CR
+    assert refused.returncode != 0
+    kubectl("apply", "-f", "-", stdin=DEPLOYMENT)
+    kubectl("patch", "deployment", "web", "-p",
+            '{"spec":{"template":{"spec":{"containers":[{"name":"main","image":"main:2"}]}}}}')
+    containers = json.loads(kubectl("get", "deploy", "web", "-o", "json").stdout)["spec"]["template"]["spec"]["containers"]
+    assert [(c["name"], c["image"]) for c in containers] == [("main", "main:2"), ("sidecar", "side:1")]
+    assert containers[0]["env"] == [{"name": "A", "value": "1"}]
+
+
+def test_delete_waits_for_finalizers(kubectl):
+    install(kubectl)
+    manifest = yaml.safe_load(WIDGET)
+    manifest["metadata"]["finalizers"] = ["test.kvtier.io/hold"]
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(manifest))
+    kubectl("delete", "widget", "w", "--wait=false")
+    got = json.loads(kubectl("get", "widget", "w", "-o", "json").stdout)
+    assert got["metadata"]["deletionTimestamp"]
+    waiter = threading.Thread(target=lambda: (time.sleep(0.5), kubectl(
+        "patch", "widget", "w", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')))
+    waiter.start()
+    kubectl("wait", "--for=delete", "widget/w", "--timeout=10s")  # a watch that sees the DELETED event
+    waiter.join()
+    missing = kubectl("get", "widget", "w", check=False)
+    assert missing.returncode != 0 and "NotFound" in missing.stderr
+
+
+def test_server_side_apply(kubectl):
+    install(kubectl)
+    out = kubectl("apply", "--server-side", "-f", "-", stdin=WIDGET).stdout
+    assert "serverside-applied" in out
+    got = json.loads(kubectl("get", "widget", "w", "-o", "json", "--show-managed-fields").stdout)
+    assert {e["manager"] for e in got["metadata"]["managedFields"]} == {"kubectl"}
+    kubectl("patch", "widget", "w", "--type=merge", "-p", '{"spec":{"replicas":9}}')
+    conflict = kubectl("apply", "--server-side", "-f", "-", stdin=WIDGET, check=False)
+    assert conflict.returncode != 0 and "conflict" in conflict.stderr.lower() and ".spec.replicas" in conflict.stderr
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=WIDGET)
+    assert kubectl("get", "widget", "w", "-o", "jsonpath={.spec.replicas}").stdout == "2"
+    # Built-ins too.
+    assert "serverside-applied" in kubectl("apply", "--server-side", "-f", "-", stdin=DEPLOYMENT).stdout
+
+
+def test_namespaces_and_builtins(kubectl):
+    # `kubectl create <generator>` sends protobuf, which the emulator does not speak (415): use manifests.
+    assert kubectl("create", "namespace", "team", check=False).returncode != 0
+    kubectl("create", "-f", "-", stdin="apiVersion: v1\nkind: Namespace\nmetadata: {name: team}\n")
+    kubectl("-n", "team", "create", "-f", "-", stdin="apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\n"
+                                                   "data: {a: b}\n")
+    kubectl("-n", "team", "apply", "-f", "-", stdin=DEPLOYMENT)
+    lines = kubectl("get", "configmaps,deployments", "-n", "team").stdout
+    assert "configmap/settings" in lines and "deployment.apps/web" in lines
+    kubectl("label", "-n", "team", "configmap", "settings", "tier=gold")
+    assert kubectl("get", "cm", "-n", "team", "-l", "tier=gold", "-o", "name").stdout.strip() == "configmap/settings"
+    assert kubectl("get", "cm", "-A", "--field-selector", "metadata.name=settings", "-o", "name").stdout.strip() == \
+        "configmap/settings"
+    kubectl("delete", "namespace", "team", "--timeout=10s")
+    assert kubectl("get", "namespace", "team", check=False).returncode != 0
