@@ -133,8 +133,10 @@ def test_server_side_apply(kubectl):
     assert conflict.returncode != 0 and "conflict" in conflict.stderr.lower() and ".spec.replicas" in conflict.stderr
     kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=WIDGET)
     assert kubectl("get", "widget", "w", "-o", "jsonpath={.spec.replicas}").stdout == "2"
-    # Built-ins too.
+    # Built-ins too, with kubectl's default strict field validation.
     assert "serverside-applied" in kubectl("apply", "--server-side", "-f", "-", stdin=DEPLOYMENT).stdout
+    bogus = kubectl("apply", "-f", "-", stdin=DEPLOYMENT.replace("replicas: 1", "replicas: 1\n  bogus: 1"), check=False)
+    assert bogus.returncode != 0 and 'unknown field "spec.bogus"' in bogus.stderr
 
 
 def test_namespaces_and_builtins(kubectl):

@@ -96,6 +96,12 @@ def test_builtin_kinds_are_validated(api):
     status, body, _ = api.post("/apis/apps/v1/namespaces/default/deployments", deployment)
     assert status == 422
     assert {"spec.replicas", "spec.template.spec.containers[0].name"} <= set(causes(body))
+    # Unknown fields of built-ins are dropped (with a warning), or refused with fieldValidation=Strict.
+    status, created, headers = api.post(CONFIGMAPS, {"metadata": {"name": "u", "bogus": 1}, "data": {}, "extra": 2})
+    assert status == 201 and "extra" not in created and "bogus" not in created["metadata"]
+    assert 'unknown field \\"extra\\"' in headers["Warning"] and 'unknown field \\"metadata.bogus\\"' in headers["Warning"]
+    status, body, _ = api.post(f"{CONFIGMAPS}?fieldValidation=Strict", {"metadata": {"name": "s"}, "extra": 2})
+    assert status == 400 and body["message"] == 'strict decoding error: unknown field "extra"'
     with ThreadedAPIServer(validate_builtins=False) as lenient:
         assert Api(lenient.url).post(CONFIGMAPS, {"metadata": {"name": "a"}, "data": {"k": 1}})[0] == 201
 

@@ -40,7 +40,7 @@ from .apply import builtin_list_keys, record_update, schema_list_keys, server_si
 from .errors import FieldError, StatusError
 from .patch import json_patch, merge_patch, strategic_merge_patch
 from .resources import Registry, ResourceType, types_from_crd
-from .schema import BuiltinValidator, process_custom
+from .schema import BuiltinValidator, dotted, drop_path, process_custom
 from .selectors import Predicate, selector_to_string
 from .store import Key, Store, Stored, encode
 
@@ -351,15 +351,20 @@ class Cluster:
                   opts: WriteOptions) -> dict[str, Any]:
         meta = obj["metadata"]
         problems = self._metadata_errors(rt, meta)
+        unknown: list[str] = []
         if rt.custom:
             obj, schema_errors, unknown = process_custom(rt.schema, obj, old)
             problems += schema_errors
-            if unknown and opts.field_validation == "Strict":
-                raise errors.bad_request(f"strict decoding error: {', '.join(f'unknown field {u!r}'.replace(chr(39), chr(34)) for u in unknown)}")
-            if unknown and opts.field_validation == "Warn":
-                opts.warnings.extend(f'unknown field "{u}"' for u in unknown)
         elif self.builtin_validator is not None and not problems:
-            problems += self.builtin_validator.validate(obj)
+            schema_errors, unknown_paths = self.builtin_validator.validate(obj)
+            problems += schema_errors
+            for path in unknown_paths:
+                drop_path(obj, path)
+            unknown = [dotted(p) for p in unknown_paths]
+        if unknown and opts.field_validation == "Strict":
+            raise errors.bad_request("strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown))
+        if unknown and opts.field_validation == "Warn":
+            opts.warnings.extend(f'unknown field "{u}"' for u in unknown)
         if rt.storage_key == _CRD_KEY:
             problems += self._crd_errors(obj)
         if problems:
