@@ -73,3 +73,27 @@ def validate(filenames: tuple[str, ...]) -> None:
     if failed:
         sys.exit(1)
     click.echo(f"{checked} kvtier object{'s' if checked != 1 else ''} valid")
+
+
+@main.command()
+@click.option(
+    "-f",
+    "--filename",
+    "filenames",
+    multiple=True,
+    required=True,
+    help="Manifest file or directory with InferenceDeployments and their KVPools (repeatable; - reads stdin).",
+)
+@click.option("--pod-monitor", is_flag=True, help="Also render a PodMonitor (Prometheus Operator) per deployment.")
+def render(filenames: tuple[str, ...], pod_monitor: bool) -> None:
+    """Print, as YAML, the children the operator would apply for every InferenceDeployment in the files."""
+    from kvtier.api.documents import read_documents
+    from kvtier.render import RenderOptions
+    from kvtier.render.offline import render_documents
+
+    result = render_documents(read_documents(list(filenames)), RenderOptions(pod_monitor=pod_monitor))
+    for line in result.messages:
+        click.echo(line, err=True)
+    click.echo(result.yaml(), nl=False)
+    if result.failed:
+        sys.exit(1)

@@ -1,0 +1,68 @@
+"""`kvtier render`: children of every InferenceDeployment among parsed manifests, with no cluster.
+
+Each deployment's pool is looked up among the manifests' KVPools; the pool ledger is stood in for
+by `default_binding`, with static namespaces handed out in file order so that two deployments on
+one pool never get the same namespace. A deployment whose pool is not among the manifests is
+rendered without its storage tier, and a message says so.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from kvtier.api.documents import Document
+from kvtier.api.inferencedeployment import InferenceDeployment
+from kvtier.api.kvpool import KVPool
+from kvtier.render.errors import RenderError
+from kvtier.render.options import RenderOptions
+from kvtier.render.volumes import default_binding
+from kvtier.render.workload import render_deployment
+
+
+@dataclass
+class OfflineRender:
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+    """Problems and warnings, one line each, prefixed like `kvtier validate` (`FILE: KIND/NAME: ...`)."""
+    failed: bool = False
+
+    def yaml(self) -> str:
+        return yaml.safe_dump_all(self.objects, sort_keys=False) if self.objects else ""
+
+
+def render_documents(documents: Iterable[Document], options: RenderOptions | None = None) -> OfflineRender:
+    """Render every valid InferenceDeployment among `documents`; invalid kvtier objects are reported."""
+    options = options or RenderOptions()
+    result = OfflineRender()
+    documents = list(documents)
+    for document in documents:
+        result.messages += document.lines()
+        result.failed |= bool(document.problems)
+    pools = {doc.model.metadata.name: doc.model for doc in documents if isinstance(doc.model, KVPool)}
+    taken: dict[str, set[str]] = defaultdict(set)
+    for document in documents:
+        deployment = document.model
+        if not isinstance(deployment, InferenceDeployment):
+            continue
+        prefix = f"{document.source}: {document.label}: "
+        storage = deployment.spec.kv_cache.storage
+        pool = pools.get(storage.pool_ref) if storage is not None else None
+        if storage is not None and pool is None:
+            result.messages.append(
+                f"{prefix}KVPool {storage.pool_ref} is not in the files: rendered without the storage tier"
+            )
+        try:
+            binding = default_binding(deployment, pool, taken[pool.metadata.name]) if pool is not None else None
+            result.objects += render_deployment(deployment, pool, options, binding)
+        except RenderError as error:
+            result.messages.append(f"{prefix}{error.reason}: {error}")
+            result.failed = True
+            continue
+        if pool is not None and binding is not None:
+            taken[pool.metadata.name] |= {ns.uuid for ns in binding.namespaces}
+    return result
