@@ -36,7 +36,7 @@ from typing import Any
 import yaml
 
 from . import errors
-from .apply import builtin_list_keys, record_update, schema_list_keys, server_side_apply
+from .apply import ListKeys, builtin_list_keys, record_update, schema_list_keys, server_side_apply
 from .errors import FieldError, StatusError
 from .patch import json_patch, merge_patch, strategic_merge_patch
 from .resources import Registry, ResourceType, types_from_crd
@@ -50,7 +50,6 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
-APPLY_PATCH_CBOR = "application/apply-patch+cbor"
 PATCH_TYPES = [JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, APPLY_PATCH]
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -390,7 +389,8 @@ class Cluster:
                                            "or consist of alphanumeric characters, '-', '_' or '.'", value))
         return problems
 
-    def _list_keys(self, rt: ResourceType):  # type: ignore[no-untyped-def]
+    @staticmethod
+    def _list_keys(rt: ResourceType) -> ListKeys:
         return schema_list_keys(rt.schema) if rt.custom else builtin_list_keys
 
     # -- delete --------------------------------------------------------------------------------

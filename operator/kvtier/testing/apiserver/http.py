@@ -25,7 +25,7 @@ from .core import APPLY_PATCH, Cluster, WriteOptions
 from .errors import StatusError
 from .faults import FaultInjector, FaultRule, RequestLog, RequestRecord
 from .resources import ResourceType
-from .selectors import combine, parse_field_selector, parse_label_selector
+from .selectors import Predicate, combine, parse_field_selector, parse_label_selector
 from .store import Stored, Watcher, encode
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,8 @@ class APIHandler:
                                               request.query.get("includeObject", "Metadata")))
         return web.Response(body=self.cluster.render(route.rt, stored), content_type=JSON)
 
-    def _predicate(self, request: web.Request, rt: ResourceType):  # type: ignore[no-untyped-def]
+    @staticmethod
+    def _predicate(request: web.Request, rt: ResourceType) -> Predicate | None:
         return combine(parse_label_selector(request.query.get("labelSelector")),
                        parse_field_selector(request.query.get("fieldSelector"), rt.plural))
 
@@ -239,9 +240,6 @@ class APIHandler:
         payload = head[:-1] + b',"items":[' + b",".join(self.cluster.render(rt, s) for s in items) + b"]}"
         return web.Response(body=payload, content_type=JSON)
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        return await request.read()
-
     def _parse(self, raw: bytes, content_type: str) -> Any:
         if "protobuf" in content_type:  # client-go falls back to JSON on 415
             raise errors.unsupported_media_type(content_type, [JSON, "application/yaml"])
@@ -264,7 +262,7 @@ class APIHandler:
                             force=_flag(query.get("force")))
 
     async def _write(self, request: web.Request, route: Route, verb: str) -> web.Response:
-        raw = await self._read_body(request)
+        raw = await request.read()
         opts = self._options(request)
         rt, cluster = route.rt, self.cluster
         status = 200
@@ -289,7 +287,7 @@ class APIHandler:
         return response
 
     async def _delete(self, request: web.Request, route: Route, verb: str) -> web.Response:
-        raw = await self._read_body(request)
+        raw = await request.read()
         options = self._parse(raw, JSON) if raw.strip() else {}
         if not isinstance(options, dict):
             raise errors.bad_request("DeleteOptions must be an object")

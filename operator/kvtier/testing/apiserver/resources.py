@@ -52,10 +52,6 @@ class ResourceType:
         return f"{self.group}/{self.version}" if self.group else self.version
 
     @property
-    def group_version(self) -> str:
-        return self.api_version
-
-    @property
     def storage_key(self) -> tuple[str, str]:
         return (self.group, self.plural)
 
@@ -209,13 +205,6 @@ class Registry:
 
     def get(self, group: str, version: str, plural: str) -> ResourceType | None:
         return self._types.get((group, version, plural))
-
-    def by_kind(self, api_version: str, kind: str) -> ResourceType | None:
-        group, _, version = api_version.rpartition("/")
-        for rt in self._types.values():
-            if rt.group == group and rt.version == version and rt.kind == kind:
-                return rt
-        return None
 
     def all(self) -> list[ResourceType]:
         return list(self._types.values())
