@@ -151,10 +151,10 @@ def test_generation_moves_on_spec_changes_only(api, widgets):
 
 
 def test_cluster_scoped_resources(api, widgets):
-    gadget = {"apiVersion": "test.kvtier.io/v1", "kind": "Gadget", "metadata": {"name": "g", "namespace": "x"},
-              "spec": {"capacity": "1Ti"}}
+    gadget = {"apiVersion": "test.kvtier.io/v1", "kind": "Gadget",
+              "metadata": {"name": "g", "namespace": "x", "labels": {"a": "b"}}, "spec": {"capacity": "1Ti"}}
     created = api.ok("POST", GADGETS, gadget)
-    assert "namespace" not in created["metadata"]
+    assert "namespace" not in created["metadata"] and created["metadata"]["labels"] == {"a": "b"}
     assert api.get("/apis/test.kvtier.io/v1/namespaces/default/gadgets/g")[0] == 404
     assert api.ok("GET", f"{GADGETS}/g")["spec"]["capacity"] == "1Ti"
     node = api.ok("POST", "/api/v1/nodes", {"metadata": {"name": "n1"}})

@@ -146,7 +146,7 @@ def _prune_map(schema: dict[str, Any], value: dict[str, Any], path: str, unknown
         sub = properties.get(key)
         if sub is None and isinstance(additional, dict):
             sub = additional
-        if keep_meta and key in _ROOT_FIELDS and key not in properties:
+        if keep_meta and key in _ROOT_FIELDS:  # ObjectMeta is never pruned, whatever the schema says
             result[key] = copy.deepcopy(item)
             continue
         if item is None and not (sub or {}).get("nullable", False):
@@ -291,7 +291,7 @@ def _validate_map(schema: dict[str, Any], value: dict[str, Any], path: str, erro
     additional = schema.get("additionalProperties")
     embedded = not path or schema.get("x-kubernetes-embedded-resource", False)
     for key, item in value.items():
-        if embedded and key in _ROOT_FIELDS and key not in properties:
+        if embedded and key in _ROOT_FIELDS:
             continue
         sub = properties.get(key)
         if sub is None and isinstance(additional, dict):
