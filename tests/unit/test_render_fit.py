@@ -96,7 +96,8 @@ def test_node_selector_limits_the_candidates():
 
 
 def test_nodes_as_dataclasses():
-    assert check_fit(deployment(tp=1, cpu_tier="8Gi", engine_memory="16Gi"), [NodeResources("n", 40 * GiB, 1, 36_000)]) == []
+    small = deployment(tp=1, cpu_tier="8Gi", engine_memory="16Gi")
+    assert check_fit(small, [NodeResources("n", 40 * GiB, 1, 36_000)]) == []
 
 
 def test_the_probe_counts_when_the_pool_rebalances():

@@ -184,7 +184,7 @@ def reference():
 def test_the_reference_parses(reference):
     assert {"chunk_size", "max_local_cpu_size", "local_disk", "extra_config"} <= reference.config_keys
     assert {"--l1-size-gb", "--l2-adapter", "--eviction-policy", "--lookup-hash-log-dir"} <= reference.server_flags
-    assert {"device_path", "slot_bytes", "num_load_workers", "iouring_queue_depth"} <= reference.raw_block_adapter_fields
+    assert {"device_path", "slot_bytes", "num_load_workers"} <= reference.raw_block_adapter_fields
     assert "rust_raw_block.per_tp_device_paths" in reference.raw_block_plugin_keys
     assert "storage_plugin.rust_raw_block.module_path" in reference.raw_block_plugin_keys
     assert MP_CONNECTOR in reference.connector_configs
@@ -266,10 +266,10 @@ def test_sizes_reach_lmcache_as_plain_gib_numbers(name):
     else:
         config = lmcache_config(objects)
         assert isinstance(config["max_local_cpu_size"], float) and config["max_local_cpu_size"] == cpu_gib
-        for key in ("max_local_disk_size",):
-            assert key not in config or isinstance(config[key], float)
+        assert isinstance(config.get("max_local_disk_size", 0.0), float)
         assert "local_disk" not in config or re.fullmatch(r"file:///.+/", config["local_disk"])
-        assert not any(var["name"].startswith("LMCACHE_") and var["name"] != "LMCACHE_CONFIG_FILE" for var in vllm["env"])
+        lmcache_env = {var["name"] for var in vllm["env"] if var["name"].startswith("LMCACHE_")}
+        assert lmcache_env == {"LMCACHE_CONFIG_FILE"}
 
 
 def test_mode_none_runs_vllm_alone():
@@ -299,10 +299,9 @@ def test_vllm_command_line():
 
 def test_the_same_hash_seed_on_every_container_that_hashes():
     _, _, objects = render_case("mp-csi-block")
-    seeds = {
-        var["value"] for name in ("vllm", "lmcache") for var in container(objects, name)["env"] if var["name"] == "PYTHONHASHSEED"
-    }
-    assert seeds == {"0"}
+    env = container(objects, "vllm")["env"] + container(objects, "lmcache")["env"]
+    seeds = [var["value"] for var in env if var["name"] == "PYTHONHASHSEED"]
+    assert seeds == ["0", "0"]
     config = lmcache_config(render_case("in-process-no-storage")[2])
     assert config["pre_caching_hash_algorithm"] == "builtin"
 
@@ -330,9 +329,9 @@ def test_slot_bytes_round_up_to_the_block_size():
     deployment = make_deployment(tp=1, chunkSize=16)  # 16 x 147456 = 2359296 = 576 x 4096
     objects = render_deployment(deployment, make_pool(CSI_BLOCK))
     assert json.loads(flag(container(objects, "lmcache")["args"], "--l2-adapter"))["slot_bytes"] == 2359296
-    odd = InferenceDeployment.model_validate(
-        {**deployment.to_wire(), "spec": {**deployment.to_wire()["spec"], "model": {"name": "m", "kvBytesPerToken": 1000}}}
-    )
+    body = deployment.to_wire()
+    body["spec"]["model"] = {"name": "m", "kvBytesPerToken": 1000}  # 16 x 1000 = 16000 -> 16384
+    odd = InferenceDeployment.model_validate(body)
     objects = render_deployment(odd, make_pool(CSI_BLOCK))
     assert json.loads(flag(container(objects, "lmcache")["args"], "--l2-adapter"))["slot_bytes"] == 16384
 
@@ -441,7 +440,8 @@ def test_probe_runs_where_the_pool_rebalances_from_measured_demand():
 
 
 def test_quota_gate_only_where_a_live_quota_is_set():
-    gated = {name for name in CASES if "readinessGates" in statefulset(render_case(name)[2])["spec"]["template"]["spec"]}
+    pods = {name: statefulset(render_case(name)[2])["spec"]["template"]["spec"] for name in CASES}
+    gated = {name for name, pod in pods.items() if "readinessGates" in pod}
     assert gated == {"mp-nvmeof", "mp-csi-block", "mp-csi-filesystem", "mp-hostpath-static"}
     (gate,) = statefulset(render_case("mp-nvmeof")[2])["spec"]["template"]["spec"]["readinessGates"]
     assert gate == {"conditionType": QUOTA_GATE}
@@ -519,7 +519,8 @@ def test_user_memory_limit_grows_by_what_kvtier_adds():
 def test_default_engine_memory_comes_from_the_options():
     body = make_deployment(mode="None").to_wire()
     body["spec"]["engine"]["resources"] = {}
-    objects = render_deployment(InferenceDeployment.model_validate(body), options=RenderOptions(default_engine_memory=10 * GiB))
+    options = RenderOptions(default_engine_memory=10 * GiB)
+    objects = render_deployment(InferenceDeployment.model_validate(body), options=options)
     assert container(objects, "vllm")["resources"]["requests"]["memory"] == "12Gi"
 
 

@@ -68,7 +68,10 @@ def kv_transfer_config(deployment: InferenceDeployment, options: RenderOptions) 
             {
                 "kv_connector": MP_CONNECTOR,
                 "kv_role": "kv_both",
-                "kv_connector_extra_config": {"lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": options.lmcache_port},
+                "kv_connector_extra_config": {
+                    "lmcache.mp.host": "tcp://localhost",
+                    "lmcache.mp.port": options.lmcache_port,
+                },
             }
         )
     if mode == "LMCacheInProcess":
@@ -131,7 +134,8 @@ def server_args(
         "--l1-size-gb", gib_text(kv_cache.cpu.size),
     ]  # fmt: skip
     if volume is not None:
-        args += ["--l2-adapter", _compact_json(raw_block_adapter(deployment, volume)), "--eviction-policy", "IsolatedLRU"]
+        adapter = _compact_json(raw_block_adapter(deployment, volume))
+        args += ["--l2-adapter", adapter, "--eviction-policy", "IsolatedLRU"]
     if lookup_log:
         args += [
             "--lookup-hash-log-dir", LOOKUP_LOG_DIR,

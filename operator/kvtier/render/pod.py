@@ -40,6 +40,8 @@ CONFIG_HASH_ANNOTATION = "kvtier.io/config-hash"
 SHM_VOLUME = "dshm"
 LOOKUP_LOG_VOLUME = "lookup-hashes"
 CONFIG_VOLUME = "lmcache-config"
+#: The LMCache server may reload a large raw-block index before it answers its health check.
+LMCACHE_STARTUP_SECONDS = 600
 #: Port names (also the PodMonitor's endpoints).
 HTTP_PORT = "http"
 LMCACHE_API_PORT = "lmcache-api"
@@ -190,7 +192,7 @@ def lmcache_container(plan: PodPlan) -> dict[str, Any]:
             "limits": {"memory": memory},
         },
         **_mounts(plan, "lmcache", {"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *log_mounts),
-        **_probes("/healthcheck", LMCACHE_API_PORT, startup_seconds=600),
+        **_probes("/healthcheck", LMCACHE_API_PORT, LMCACHE_STARTUP_SECONDS),
     }
 
 

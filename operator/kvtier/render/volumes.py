@@ -14,9 +14,9 @@ from typing import Any
 
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool, NVMeoFNamespace
-from kvtier.storage import Attachment, HostPathBackend, NVMeoFBackend, StorageBackend, backend_for, claim_name
 from kvtier.render.errors import InsufficientCapacity
 from kvtier.render.meta import cluster_labels, name_of, namespace_of
+from kvtier.storage import Attachment, HostPathBackend, NVMeoFBackend, StorageBackend, backend_for, claim_name
 
 #: Device I/O alignment of LMCache's raw-block tiers (`block_align`, 4096).
 BLOCK_ALIGN = 4096
@@ -88,8 +88,8 @@ class KVVolume:
 
     @property
     def quota(self) -> int:
-        """The binding's quota, never more than the volume holds."""
-        return min(self.binding.quota, self.usable_bytes)
+        """The binding's quota, block-aligned and never more than the volume holds."""
+        return align_down(min(self.binding.quota, self.usable_bytes))
 
 
 def kv_volume(

@@ -55,7 +55,8 @@ def config_map_data(plan: PodPlan) -> dict[str, str] | None:
 
 
 def config_map(deployment: InferenceDeployment, data: dict[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": object_meta(deployment, config_map_name(deployment)), "data": data}
+    metadata = object_meta(deployment, config_map_name(deployment))
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
 
 
 def _service(deployment: InferenceDeployment, name: str, ports: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
@@ -79,12 +80,10 @@ def services(plan: PodPlan) -> list[dict[str, Any]]:
     headless_ports = [api]
     if plan.mode == "LMCacheMP":
         headless_ports.append(_port(LMCACHE_API_PORT, options.lmcache_http_port))
-    return [
-        _service(
-            deployment, headless_service_name(deployment), headless_ports, clusterIP="None", publishNotReadyAddresses=True
-        ),
-        _service(deployment, name_of(deployment), [api], type="ClusterIP"),
-    ]
+    headless = _service(
+        deployment, headless_service_name(deployment), headless_ports, clusterIP="None", publishNotReadyAddresses=True
+    )
+    return [headless, _service(deployment, name_of(deployment), [api], type="ClusterIP")]
 
 
 def statefulset(plan: PodPlan, config: dict[str, str] | None) -> dict[str, Any]:
@@ -101,7 +100,8 @@ def statefulset(plan: PodPlan, config: dict[str, str] | None) -> dict[str, Any]:
     if plan.volume is not None:
         spec["volumeClaimTemplates"] = [plan.volume.backend.claim_template(deployment, template["metadata"]["labels"])]
         spec["persistentVolumeClaimRetentionPolicy"] = {"whenDeleted": "Retain", "whenScaled": "Delete"}
-    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": object_meta(deployment, name_of(deployment)), "spec": spec}
+    metadata = object_meta(deployment, name_of(deployment))
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": metadata, "spec": spec}
 
 
 def pod_disruption_budget(deployment: InferenceDeployment) -> dict[str, Any]:
