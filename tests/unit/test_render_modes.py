@@ -587,8 +587,11 @@ def test_config_hash_changes_with_the_spec_and_only_then():
         lambda s: s["engine"].update(image="vllm/vllm-openai:v0.34.0"),
         lambda s: s["engine"]["args"].append("--enforce-eager"),
     ]
+    selector = statefulset(render_deployment(base, pool))["spec"]["selector"]
     for edit in edits:
-        assert _hash(_edited(base, edit), pool) != reference_hash
+        edited = _edited(base, edit)
+        assert _hash(edited, pool) != reference_hash
+        assert statefulset(render_deployment(edited, pool))["spec"]["selector"] == selector
     assert _hash(base, pool, StorageBinding(quota=512 * GiB)) != reference_hash  # new disk size: a rolling restart
 
 

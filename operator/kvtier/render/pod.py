@@ -49,6 +49,7 @@ LMCACHE_METRICS_PORT = "lmcache-metrics"
 PROBE_METRICS_PORT = "probe-metrics"
 #: Empties the disk tier's directory; a filesystem's own `lost+found` stays.
 _WIPE = "find {dir} -mindepth 1 -maxdepth 1 ! -name lost+found -exec rm -rf {{}} +"
+#: Sizes the raw-block device file once; a file already of that size (and LMCache's index in it) is kept.
 _PRESIZE = (
     'set -eu; f={file}; n={size}; '
     'if [ ! -f "$f" ] || [ "$(stat -c %s "$f")" != "$n" ]; then '

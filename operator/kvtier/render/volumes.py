@@ -67,7 +67,7 @@ class KVVolume:
     binding: StorageBinding
     size: int
     """Bytes of each replica's volume (its claim's request)."""
-    reserve: float = 0.0
+    reserve: float
     """Fraction of a Filesystem volume left to the filesystem (`RenderOptions.filesystem_reserve`)."""
 
     @property
