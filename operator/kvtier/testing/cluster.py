@@ -1,0 +1,176 @@
+"""The embedded cluster: the API emulator, kvtier's CRDs and the pod simulator, in one process.
+
+    async with EmbeddedCluster(kubeconfig="/tmp/kvtier/kubeconfig") as cluster: ...
+    with BackgroundCluster() as cluster: ...        # on its own thread, for sync tests and the CLI
+
+Anything that speaks to a Kubernetes API (kubectl, the kubernetes client, kopf, kvtier itself)
+uses it through `cluster.kubeconfig`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import tempfile
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kvtier.api.crd import build_crds
+from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, Connection, KubeClient
+from kvtier.testing.apiserver import APIServer
+from kvtier.testing.engines import EngineFactory, stub_engine
+from kvtier.testing.podsim import NodeSpec, PodSimulator
+
+T = TypeVar("T")
+
+
+def default_nodes(count: int = 4, *, gpus: int = 8, memory: str = "2Ti", cpu: str = "128") -> list[NodeSpec]:
+    return [NodeSpec(f"sim-node-{index}", cpu=cpu, memory=memory, gpus=gpus) for index in range(count)]
+
+
+class EmbeddedCluster:
+    """API emulator + CRDs + pod simulator on the running event loop."""
+
+    def __init__(
+        self,
+        nodes: list[NodeSpec] | None = None,
+        *,
+        kubeconfig: str | Path | None = None,
+        port: int = 0,
+        engine_factory: EngineFactory = stub_engine,
+        install_crds: bool = True,
+        validate_builtins: bool = True,
+    ):
+        self.nodes = default_nodes() if nodes is None else nodes
+        self.server = APIServer(port=port, validate_builtins=validate_builtins)
+        self._tempdir: tempfile.TemporaryDirectory[str] | None = None
+        if kubeconfig is None:
+            self._tempdir = tempfile.TemporaryDirectory(prefix="kvtier-cluster-")
+            kubeconfig = Path(self._tempdir.name) / "kubeconfig"
+        self.kubeconfig = Path(kubeconfig)
+        self.engine_factory = engine_factory
+        self.install_crds = install_crds
+        self.kube: KubeClient | None = None
+        self.simulator: PodSimulator | None = None
+        self._simulator_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> EmbeddedCluster:
+        await self.server.start()
+        self.server.write_kubeconfig(self.kubeconfig)
+        connection = Connection.from_kubeconfig(str(self.kubeconfig))
+        self.kube = await KubeClient(connection, user_agent="kvtier-podsim").open()
+        if self.install_crds:
+            for crd in build_crds().values():
+                await self.kube.create(CUSTOMRESOURCEDEFINITIONS, crd)
+        self.simulator = PodSimulator(self.kube, self.nodes, engine_factory=self.engine_factory)
+        await self.simulator.register_nodes()
+        self._simulator_task = asyncio.create_task(self.simulator.run(), name="kvtier-podsim")
+        return self
+
+    async def stop(self) -> None:
+        if self._simulator_task is not None:
+            self._simulator_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._simulator_task
+            self._simulator_task = None
+        if self.kube is not None:
+            await self.kube.close()
+            self.kube = None
+        await self.server.stop()
+        if self._tempdir is not None:
+            self._tempdir.cleanup()
+            self._tempdir = None
+
+    async def __aenter__(self) -> EmbeddedCluster:
+        return await self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+
+class _LoopThread:
+    """An event loop on its own daemon thread; `run(coro)` executes a coroutine there and waits."""
+
+    def __init__(self, name: str):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout: float = 60) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout)
+
+    def _close_loop(self) -> None:
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+        if not self._loop.is_running() and not self._loop.is_closed():
+            self._loop.close()
+
+
+class BackgroundCluster(_LoopThread):
+    """An :class:`EmbeddedCluster` on its own event-loop thread (sync tests, the CLI)."""
+
+    embedded = True
+
+    def __init__(self, **kwargs: Any):
+        super().__init__("kvtier-cluster")
+        self.cluster = EmbeddedCluster(**kwargs)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cluster.kubeconfig
+
+    @property
+    def server(self) -> APIServer:
+        return self.cluster.server
+
+    @property
+    def kube(self) -> KubeClient:
+        assert self.cluster.kube is not None
+        return self.cluster.kube
+
+    def start(self) -> BackgroundCluster:
+        try:
+            self.run(self.cluster.start())
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+            self.run(self.cluster.stop(), timeout=30)
+        self._close_loop()
+
+    def __enter__(self) -> BackgroundCluster:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class ExternalCluster(_LoopThread):
+    """A real cluster (kind, a test cluster) behind a kubeconfig, with the same face as :class:`BackgroundCluster`."""
+
+    embedded = False
+    server = None
+
+    def __init__(self, kubeconfig: str | Path):
+        super().__init__("kvtier-external-cluster")
+        self.kubeconfig = Path(kubeconfig)
+        connection = Connection.from_kubeconfig(str(self.kubeconfig))
+        self.kube = self.run(KubeClient(connection, user_agent="kvtier-e2e").open())
+
+    def stop(self) -> None:
+        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+            self.run(self.kube.close(), timeout=30)
+        self._close_loop()
+
+    def __enter__(self) -> ExternalCluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
