@@ -79,3 +79,12 @@ def test_invalid_manifests_are_reported_like_validate(tmp_path):
     assert result.returncode == 1
     assert f"{manifest}: InferenceDeployment/a: spec.replicas:" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_deployment_without_a_name_is_reported_not_rendered(tmp_path):
+    manifest = tmp_path / "unnamed.yaml"
+    manifest.write_text(DEPLOYMENT.format(name="a", replicas=1).replace("name: a,", "generateName: a-,"))
+    result = kvtier_render("-f", str(manifest))
+    assert result.returncode == 1 and result.stdout == ""
+    assert "metadata.name: required to render" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -6,7 +6,14 @@ anything, and turns a `RenderError` (its `reason`, message and `field`) into a c
 
 from kvtier.render.errors import InsufficientCapacity, RenderError, UnsupportedStorage
 from kvtier.render.fit import NodeResources, check_fit
-from kvtier.render.meta import labels, owner_reference, selector, selector_labels
+from kvtier.render.meta import (
+    DEPLOYMENT_LABEL,
+    headless_service_name,
+    labels,
+    owner_reference,
+    selector,
+    selector_labels,
+)
 from kvtier.render.options import RenderOptions
 from kvtier.render.pod import CONFIG_HASH_ANNOTATION, QUOTA_GATE
 from kvtier.render.sizing import PodSizing, pod_sizing
@@ -15,6 +22,7 @@ from kvtier.render.workload import render_deployment
 
 __all__ = [
     "CONFIG_HASH_ANNOTATION",
+    "DEPLOYMENT_LABEL",
     "QUOTA_GATE",
     "InsufficientCapacity",
     "NodeResources",
@@ -25,6 +33,7 @@ __all__ = [
     "UnsupportedStorage",
     "check_fit",
     "default_binding",
+    "headless_service_name",
     "labels",
     "owner_reference",
     "pod_sizing",

@@ -43,13 +43,18 @@ def render_documents(documents: Iterable[Document], options: RenderOptions | Non
     for document in documents:
         result.messages += document.lines()
         result.failed |= bool(document.problems)
-    pools = {doc.model.metadata.name: doc.model for doc in documents if isinstance(doc.model, KVPool)}
+    valid = [document for document in documents if document.model is not None and not document.problems]
+    pools = {doc.model.metadata.name: doc.model for doc in valid if isinstance(doc.model, KVPool)}
     taken: dict[str, set[str]] = defaultdict(set)
-    for document in documents:
+    for document in valid:
         deployment = document.model
         if not isinstance(deployment, InferenceDeployment):
             continue
         prefix = f"{document.source}: {document.label}: "
+        if not deployment.metadata.name:
+            result.messages.append(f"{prefix}metadata.name: required to render (children are named after it)")
+            result.failed = True
+            continue
         storage = deployment.spec.kv_cache.storage
         pool = pools.get(storage.pool_ref) if storage is not None else None
         if storage is not None and pool is None:
