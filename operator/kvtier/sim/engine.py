@@ -1,8 +1,10 @@
 """One vLLM + LMCache (MP) replica in virtual time: three cache tiers and a latency model.
 
 Tiers, fastest first: the HBM prefix cache (vLLM, ``hbm_blocks``), the L1 CPU tier (LMCache,
-``cpu_blocks``) and the L2 storage tier (an :class:`~kvtier.sim.cache.LRUCache`, usually one
-salt's partition of an :class:`~kvtier.sim.cache.IsolatedLRU` pool). A tier of size 0 is absent.
+``cpu_blocks``) and the L2 storage tier: an :class:`~kvtier.sim.cache.LRUCache` (usually one
+salt's partition of an :class:`~kvtier.sim.cache.IsolatedLRU` pool), or a whole ``IsolatedLRU``
+pool whose partition each request picks by its ``salt`` (one replica serving several
+``cache_salt`` s, as LMCache's MP server does). A tier of size 0 is absent.
 
 Lookup: the HBM prefix first; the rest of the prompt continues block by block in L1, else L2,
 and stops at the first block no tier holds (prefix semantics across tiers). Store: all the
@@ -27,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from kvtier.sim.cache import LRUCache
+from kvtier.sim.cache import IsolatedLRU, LRUCache
 
 
 class Tier(IntEnum):
@@ -141,12 +143,18 @@ Listener = Callable[[RequestOutcome], None]
 class Engine:
     """One replica: ``submit`` requests in arrival order; read ``stats`` and the gauges."""
 
-    def __init__(self, params: EngineParams, storage: LRUCache | None = None) -> None:
+    def __init__(
+        self, params: EngineParams, storage: LRUCache | None = None, *, pool: IsolatedLRU | None = None
+    ) -> None:
+        if storage is not None and pool is not None:
+            raise ValueError("give an engine one storage partition or a pool, not both")
         self.params = params
         self.hbm = LRUCache(params.hbm_blocks) if params.hbm_blocks else None
         self.cpu = LRUCache(params.cpu_blocks) if params.cpu_blocks else None
         #: The L2 tier; an IsolatedLRU partition may have capacity 0 now and grow later.
         self.storage = storage
+        #: With a pool, each request stores into the partition of its ``salt``.
+        self.pool = pool
         self.stats = EngineStats()
         #: Called with every request's outcome (the lookup-hash log and TTFT collectors hook here).
         self.listeners: list[Listener] = []
@@ -160,13 +168,19 @@ class Engine:
         self._in_flight: list[tuple[float, float, int]] = []
         self._prune_above = 64
 
-    def submit(self, arrival: float, blocks: Sequence[int], input_tokens: int, output_tokens: int) -> RequestOutcome:
-        """Serve one request arriving at ``arrival`` (not before the previous one's arrival)."""
+    def submit(
+        self, arrival: float, blocks: Sequence[int], input_tokens: int, output_tokens: int, salt: str = ""
+    ) -> RequestOutcome:
+        """Serve one request arriving at ``arrival`` (not before the previous one's arrival).
+
+        ``salt`` (LMCache's ``cache_salt``) picks the storage partition when the engine has a pool.
+        """
         if arrival < self._last_arrival:
             raise ValueError(f"requests must arrive in order: {arrival} < {self._last_arrival}")
         self._last_arrival = arrival
         params = self.params
-        hit_blocks, last_tier = self._lookup_and_store(blocks)
+        storage = self.storage if self.pool is None else self.pool.partition(salt)
+        hit_blocks, last_tier = self._lookup_and_store(blocks, storage)
         hit_tokens = self._hit_tokens(hit_blocks, last_tier, input_tokens)
 
         stats = self.stats
@@ -208,9 +222,11 @@ class Engine:
         """When the replica's prefill engine finishes the work it has been given."""
         return self._prefill_free_at
 
-    def _lookup_and_store(self, blocks: Sequence[int]) -> tuple[tuple[int, int, int], int]:
+    def _lookup_and_store(
+        self, blocks: Sequence[int], storage: LRUCache | None
+    ) -> tuple[tuple[int, int, int], int]:
         """Hit blocks per tier, and the tier that served the last hit block."""
-        hbm, cpu, storage = self.hbm, self.cpu, self.storage
+        hbm, cpu = self.hbm, self.cpu
         if hbm is None and cpu is None:
             return (0, 0, storage.access(blocks) if storage is not None else 0), Tier.STORAGE
         count = len(blocks)

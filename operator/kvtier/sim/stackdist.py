@@ -233,10 +233,10 @@ class WindowedStackDistance:
         self.histogram.add(distances)
         return distances
 
-    def tick(self) -> None:
-        """End an interval: older accesses weigh ``decay`` times less."""
-        if self.decay != 1:
-            self.histogram.scale(self.decay)
+    def tick(self, intervals: int = 1) -> None:
+        """End ``intervals`` intervals: older accesses weigh ``decay ** intervals`` times less."""
+        if self.decay != 1 and intervals > 0:
+            self.histogram.scale(self.decay**intervals)
 
 
 def stream_histogram(requests: Iterable[Sequence[Hashable]], max_blocks: int | None = None) -> DistanceHistogram:

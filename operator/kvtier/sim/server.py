@@ -1,0 +1,498 @@
+"""``kvtier sim serve``: one simulated vLLM + LMCache (MP) replica behind HTTP.
+
+A :class:`SimServer` wraps one :class:`~kvtier.sim.engine.Engine` whose storage tier is an
+:class:`~kvtier.sim.cache.IsolatedLRU` (one partition per ``cache_salt``) and runs it on a
+clock that goes ``speed`` times faster than the wall clock: latencies, TTFT and gauges are in
+simulated seconds. Requests come from ``/v1/completions`` or from a trace replayed in (scaled)
+real time (:func:`replay_trace`). Three faces, each an aiohttp application:
+
+- :func:`vllm_app` (vLLM's port): ``/health``, ``/v1/models``, ``/v1/completions`` and
+  ``/metrics`` with vLLM 0.33's names and labels (``model_name``, ``engine``).
+- :func:`lmcache_app` (the MP server's ``--http-port``): ``/healthcheck`` and the quota API
+  (``PUT|GET|DELETE /quota/{salt}``, ``GET /quota``; the empty salt is ``_default``). A quota of
+  ``limit_gb`` GiB resizes the salt's L2 partition to ``floor(limit_gb * 2**30 / block_bytes)``
+  blocks at once; a salt without a quota keeps nothing (IsolatedLRU).
+- :func:`lmcache_metrics_app` (the MP server's ``--prometheus-port``): ``/metrics`` with the
+  MP instruments as Prometheus spells them (``lmcache_mp_lookup_hit_l2_total``, ...), lookup
+  counters labelled ``model_name`` and ``cache_salt``.
+
+Every request is also written to the lookup-hash log when one is configured. How the counters
+follow the model: the whole prompt is looked up in HBM (``prefix_cache_queries``); the tokens
+past the HBM prefix are asked of LMCache (``external_prefix_cache_queries`` =
+``lmcache_mp_lookup_requested``), which serves them from L1 (CPU) then L2 (storage); the log
+holds every chunk of every prompt (the full access stream, as the probe needs). A simulated
+block is one LMCache chunk. Counters move when a request arrives; its TTFT is known then too.
+
+Prompts: a string is split on whitespace into tokens (a list of token ids is taken as is); every
+``block_tokens`` tokens make a block whose id hashes the salt, the previous block's id and its
+tokens (prefix-chained, as vLLM and LMCache hash). Trace blocks keep their ids, mixed with the
+salt when there is one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from kvtier.sim.cache import IsolatedLRU
+from kvtier.sim.engine import Engine, EngineParams, RequestOutcome, Tier
+from kvtier.sim.lookuplog import LookupHashLog, Rotation, chunk_hash
+from kvtier.sim.trace import iter_trace
+
+log = logging.getLogger(__name__)
+
+#: Bytes of one ``limit_gb`` of the quota API.
+GB = 1 << 30
+#: The URL spelling of the empty salt.
+DEFAULT_SALT = "_default"
+#: Environment variables that configure a simulated engine: ``KVSIM_`` + an option name in upper case.
+ENV_PREFIX = "KVSIM_"
+#: vLLM's TTFT buckets (seconds).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_QUEUE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+                  960.0, 1920.0, 7680.0)
+_YIELD_EVERY = 64
+
+
+class BadRequest(ValueError):
+    """A client error: answered with 400 and a JSON error."""
+
+
+@dataclass(frozen=True)
+class TraceLoad:
+    """A trace a server replays by itself: arrivals shifted by ``time_shift`` seconds (requests
+    that would arrive before the server started are skipped); with ``loop`` the trace starts
+    over after its last request, one second later."""
+
+    path: str
+    time_shift: float = 0.0
+    loop: bool = False
+    salt: str = ""
+
+
+def salted(blocks: Sequence[int], salt: str) -> list[int]:
+    """Trace block ids in a salt's own id space (unchanged for the empty salt)."""
+    if not salt:
+        return list(blocks)
+    key = salt.encode() + b"\0"
+    return [int.from_bytes(hashlib.blake2b(key + block.to_bytes(8, "big"), digest_size=8).digest(), "big")
+            for block in blocks]
+
+
+def prompt_blocks(tokens: Sequence[Any], block_tokens: int, salt: str = "") -> list[int]:
+    """Prefix-chained 64-bit block ids of a tokenised prompt (the last block may be partial)."""
+    blocks = []
+    previous = hashlib.blake2b(salt.encode(), digest_size=8).digest()
+    for start in range(0, len(tokens), block_tokens):
+        chunk = json.dumps(list(tokens[start : start + block_tokens])).encode()
+        previous = hashlib.blake2b(previous + chunk, digest_size=8).digest()
+        blocks.append(int.from_bytes(previous, "big"))
+    return blocks
+
+
+def settings_from_env(env: Mapping[str, str]) -> tuple[EngineParams, float, TraceLoad | None]:
+    """Engine parameters, clock speed and trace load from ``KVSIM_*`` variables (the ``sim serve`` options).
+
+    ``KVSIM_<ENGINEPARAMS FIELD>`` (e.g. ``KVSIM_HBM_BLOCKS``), ``KVSIM_SPEED``, and for a trace
+    ``KVSIM_TRACE``, ``KVSIM_TIME_SHIFT``, ``KVSIM_LOOP`` (true/false) and ``KVSIM_TRACE_SALT``.
+    """
+    values = {key[len(ENV_PREFIX):].lower(): value for key, value in env.items() if key.startswith(ENV_PREFIX)}
+    overrides = {}
+    for spec in fields(EngineParams):
+        if spec.name in values:
+            overrides[spec.name] = type(spec.default)(values[spec.name])
+    params = EngineParams(**overrides)
+    speed = float(values.get("speed", 1.0))
+    load = None
+    if values.get("trace"):
+        load = TraceLoad(
+            path=values["trace"],
+            time_shift=float(values.get("time_shift", 0.0)),
+            loop=values.get("loop", "false").strip().lower() in ("1", "true", "yes"),
+            salt=values.get("trace_salt", ""),
+        )
+    return params, speed, load
+
+
+class SimServer:
+    """The simulated replica: engine, clock, quotas, metrics and lookup-hash log."""
+
+    def __init__(
+        self,
+        params: EngineParams,
+        *,
+        model: str = "kvsim",
+        speed: float = 1.0,
+        lookup_log: LookupHashLog | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not speed > 0:
+            raise ValueError(f"speed must be > 0, got {speed}")
+        self.params = params
+        self.model = model
+        self.speed = speed
+        self.pool = IsolatedLRU()
+        self.engine = Engine(params, pool=self.pool)
+        #: Set it (or replace it) any time; ``None`` writes no log.
+        self.lookup_log = lookup_log
+        self._clock = clock
+        self._started = clock()
+        self._requests = 0
+        # Request ids are unique across restarts (the probe drops a recently seen id as a repeat).
+        self._id_prefix = f"kvsim-{uuid.uuid4().hex[:12]}"
+        # Salt -> the limit_gb last set, reported back exactly (the pool keeps whole blocks).
+        self._limits: dict[str, float] = {}
+        self.vllm_registry = CollectorRegistry()
+        self.mp_registry = CollectorRegistry()
+        self._vllm = _VllmMetrics(self)
+        self._mp = _MpMetrics(self)
+
+    def now(self) -> float:
+        """Simulated seconds since the server started."""
+        return (self._clock() - self._started) * self.speed
+
+    def serve(self, blocks: Sequence[int], input_tokens: int, output_tokens: int, salt: str = "") -> RequestOutcome:
+        """One request arriving now: look it up, store it, count it and log the lookup."""
+        self._requests += 1
+        outcome = self.engine.submit(self.now(), blocks, input_tokens, output_tokens, salt)
+        self._vllm.record(outcome)
+        self._mp.record(outcome, salt)
+        if self.lookup_log is not None:
+            self.lookup_log.write(
+                f"{self._id_prefix}-{self._requests}",
+                self.model,
+                self.params.block_tokens,
+                input_tokens,
+                [chunk_hash(block) for block in blocks],
+            )
+        return outcome
+
+    # The quota API, in GiB, over the pool's block quotas.
+
+    def set_quota(self, salt: str, limit_gb: float) -> None:
+        self._limits[salt] = limit_gb
+        self.pool.set_quota(salt, math.floor(limit_gb * GB / self.params.block_bytes))
+
+    def delete_quota(self, salt: str) -> bool:
+        """Remove a salt's quota (its blocks go); False when it had none."""
+        if self._limits.pop(salt, None) is None:
+            return False
+        self.pool.delete_quota(salt)
+        return True
+
+    def quota_salts(self) -> list[str]:
+        return sorted(self._limits)
+
+    def quota_entry(self, salt: str) -> dict[str, Any]:
+        return {
+            "cache_salt": salt or DEFAULT_SALT,
+            "limit_gb": self._limits.get(salt, 0.0),
+            "current_usage_gb": self.pool.usage(salt) * self.params.block_bytes / GB,
+            "exists": salt in self._limits,
+        }
+
+
+class _VllmMetrics:
+    """vLLM 0.33's Prometheus metrics of one engine (labels ``model_name``, ``engine``)."""
+
+    def __init__(self, server: SimServer) -> None:
+        registry = server.vllm_registry
+        labels = {"model_name": server.model, "engine": "0"}
+        names = list(labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, names, registry=registry).labels(**labels)
+
+        def gauge(name: str, doc: str, read: Callable[[float], float]) -> None:
+            Gauge(name, doc, names, registry=registry).labels(**labels).set_function(lambda: read(server.now()))
+
+        engine = server.engine
+        gauge("vllm:num_requests_running", "Requests in the running batch.", engine.running)
+        gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", engine.waiting)
+        gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent.", engine.watermark)
+        self.queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
+        self.hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
+        self.external_queries = counter("vllm:external_prefix_cache_queries", "External prefix cache queries, in tokens.")
+        self.external_hits = counter("vllm:external_prefix_cache_hits", "External prefix cache hits, in tokens.")
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative preemptions (the model never preempts).")
+        self.prompt = counter("vllm:prompt_tokens", "Prefill tokens processed.")
+        self.cached = counter("vllm:prompt_tokens_cached", "Prompt tokens served from a cache.")
+        self.generation = counter("vllm:generation_tokens", "Generation tokens processed.")
+        by_source = Counter("vllm:prompt_tokens_by_source", "Prompt tokens by source.", [*names, "source"],
+                            registry=registry)
+        self.by_source = {source: by_source.labels(**labels, source=source)
+                          for source in ("local_compute", "local_cache_hit", "external_kv_transfer")}
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token, in seconds.", names,
+                              buckets=TTFT_BUCKETS, registry=registry).labels(**labels)
+        self.queue = Histogram("vllm:request_queue_time_seconds", "Time spent waiting for a batch slot.", names,
+                               buckets=_QUEUE_BUCKETS, registry=registry).labels(**labels)
+
+    def record(self, outcome: RequestOutcome) -> None:
+        hbm, cpu, storage = outcome.hit_tokens
+        external = cpu + storage
+        prompt = outcome.input_tokens
+        self.queries.inc(prompt)
+        self.hits.inc(hbm)
+        self.external_queries.inc(prompt - hbm)
+        self.external_hits.inc(external)
+        self.prompt.inc(prompt)
+        self.cached.inc(hbm + external)
+        self.generation.inc(outcome.output_tokens)
+        self.by_source["local_compute"].inc(max(0, prompt - hbm - external))
+        self.by_source["local_cache_hit"].inc(hbm)
+        self.by_source["external_kv_transfer"].inc(external)
+        self.ttft.observe(outcome.ttft)
+        self.queue.observe(outcome.started - outcome.arrival)
+
+
+class _MpMetrics:
+    """LMCache MP instruments on a Prometheus endpoint: dots become underscores, counters end in ``_total``."""
+
+    _LOOKUP = (
+        ("lmcache_mp_lookup_requested", "Tokens asked of LMCache."),
+        ("lmcache_mp_lookup_hit", "Tokens LMCache found."),
+        ("lmcache_mp_lookup_hit_l1", "Tokens found in L1."),
+        ("lmcache_mp_lookup_hit_l2", "Tokens found in L2."),
+        ("lmcache_mp_lookup_hit_l1_keys", "Chunks found in L1."),
+        ("lmcache_mp_lookup_hit_l2_keys", "Chunks found in L2."),
+        ("lmcache_mp_lookups", "Lookups."),
+    )
+
+    def __init__(self, server: SimServer) -> None:
+        self.model = server.model
+        self.counters = {name: Counter(name, doc, ["model_name", "cache_salt"], registry=server.mp_registry)
+                         for name, doc in self._LOOKUP}
+        server.mp_registry.register(_EvictionCollector(server))
+
+    def record(self, outcome: RequestOutcome, salt: str) -> None:
+        _, cpu, storage = outcome.hit_tokens
+        _, cpu_keys, storage_keys = outcome.hit_blocks
+        values = {
+            "lmcache_mp_lookup_requested": outcome.input_tokens - outcome.hit_tokens[Tier.HBM],
+            "lmcache_mp_lookup_hit": cpu + storage,
+            "lmcache_mp_lookup_hit_l1": cpu,
+            "lmcache_mp_lookup_hit_l2": storage,
+            "lmcache_mp_lookup_hit_l1_keys": cpu_keys,
+            "lmcache_mp_lookup_hit_l2_keys": storage_keys,
+            "lmcache_mp_lookups": 1,
+        }
+        for name, value in values.items():
+            self.counters[name].labels(model_name=self.model, cache_salt=salt).inc(value)
+
+
+class _EvictionCollector:
+    """Eviction counters read from the cache model at scrape time."""
+
+    def __init__(self, server: SimServer) -> None:
+        self.server = server
+
+    def collect(self) -> Any:
+        engine, pool = self.server.engine, self.server.pool
+        l1 = CounterMetricFamily("lmcache_mp_l1_evicted", "Chunks evicted from L1.")
+        l1.add_metric([], engine.cpu.evicted if engine.cpu is not None else 0)
+        l2 = CounterMetricFamily("lmcache_mp_l2_evicted_objects", "Objects evicted from L2.")
+        l2.add_metric([], sum(pool.partition(salt).evicted for salt in pool.salts()))
+        return [l1, l2]
+
+
+# HTTP faces.
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Every failure is a JSON error; nothing a client sends takes the server down."""
+    try:
+        return await handler(request)
+    except BadRequest as error:
+        return _error(400, str(error))
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return _error(error.status, error.reason)
+    except Exception:  # noqa: BLE001 - a simulator must keep serving
+        log.exception("%s %s failed", request.method, request.path)
+        return _error(500, "internal error")
+
+
+def _application() -> web.Application:
+    return web.Application(middlewares=[_json_errors], client_max_size=16 << 20)
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise BadRequest(f"body is not JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    return body
+
+
+def _metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return metrics
+
+
+async def _healthy(_: web.Request) -> web.Response:
+    return web.json_response({"status": "healthy"})
+
+
+def vllm_app(server: SimServer) -> web.Application:
+    """vLLM's OpenAI-compatible face."""
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": server.model, "object": "model", "owned_by": "kvsim"}]})
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        model = body.get("model", server.model)
+        if model != server.model:
+            return _error(404, f"The model `{model}` does not exist.")
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            tokens: list[Any] = prompt.split()
+        elif isinstance(prompt, list) and all(type(token) is int for token in prompt):
+            tokens = prompt
+        else:
+            raise BadRequest("prompt must be a string or a list of token ids")
+        if not tokens:
+            raise BadRequest("prompt is empty")
+        max_tokens = body.get("max_tokens", 16)
+        if type(max_tokens) is not int or max_tokens < 0:
+            raise BadRequest("max_tokens must be an integer >= 0")
+        salt = body.get("cache_salt") or ""
+        if not isinstance(salt, str):
+            raise BadRequest("cache_salt must be a string")
+        blocks = prompt_blocks(tokens, server.params.block_tokens, salt)
+        outcome = server.serve(blocks, len(tokens), max_tokens, salt)
+        return web.json_response({
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": server.model,
+            "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": len(tokens), "completion_tokens": max_tokens,
+                      "total_tokens": len(tokens) + max_tokens},
+            "kvsim": {
+                "ttft_seconds": outcome.ttft,
+                "hit_tokens": {tier.name.lower(): outcome.hit_tokens[tier] for tier in Tier},
+            },
+        })
+
+    app = _application()
+    app.router.add_get("/health", _healthy)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/metrics", _metrics_handler(server.vllm_registry))
+    return app
+
+
+def lmcache_app(server: SimServer) -> web.Application:
+    """The LMCache MP server's HTTP API: health and live per-salt quotas."""
+
+    def salt_of(request: web.Request) -> str:
+        salt = request.match_info["salt"]
+        return "" if salt == DEFAULT_SALT else salt
+
+    async def get_quota(request: web.Request) -> web.Response:
+        return web.json_response(server.quota_entry(salt_of(request)))
+
+    async def put_quota(request: web.Request) -> web.Response:
+        body = await _json_body(request)
+        limit = body.get("limit_gb")
+        if type(limit) not in (int, float) or not math.isfinite(limit) or limit < 0:
+            raise BadRequest('body must be {"limit_gb": <finite number >= 0>}')
+        server.set_quota(salt_of(request), float(limit))
+        return web.json_response(server.quota_entry(salt_of(request)))
+
+    async def delete_quota(request: web.Request) -> web.Response:
+        salt = salt_of(request)
+        if not server.delete_quota(salt):
+            return _error(404, f"no quota for cache_salt {request.match_info['salt']!r}")
+        return web.json_response(server.quota_entry(salt))
+
+    async def list_quotas(_: web.Request) -> web.Response:
+        return web.json_response({"quotas": [server.quota_entry(salt) for salt in server.quota_salts()]})
+
+    app = _application()
+    app.router.add_get("/healthcheck", _healthy)
+    app.router.add_get("/quota", list_quotas)
+    app.router.add_get("/quota/{salt}", get_quota)
+    app.router.add_put("/quota/{salt}", put_quota)
+    app.router.add_delete("/quota/{salt}", delete_quota)
+    return app
+
+
+def lmcache_metrics_app(server: SimServer) -> web.Application:
+    """The LMCache MP server's Prometheus endpoint."""
+    app = _application()
+    app.router.add_get("/metrics", _metrics_handler(server.mp_registry))
+    return app
+
+
+async def start_site(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Serve ``app`` on host:port; ``await runner.cleanup()`` stops it."""
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.5)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
+
+
+async def replay_trace(server: SimServer, load: TraceLoad) -> int:
+    """Submit a trace's requests as the server's clock reaches their arrivals; returns how many were served.
+
+    Returns at the end of the trace, or never with ``load.loop`` (cancel the task to stop it).
+    """
+    served = 0
+    shift = load.time_shift
+    while True:
+        last = None
+        for request in iter_trace(load.path, time_shift_seconds=shift):
+            if request.arrival < 0:
+                continue
+            delay = (request.arrival - server.now()) / server.speed
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif served % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # catching up: let the HTTP faces answer now and then
+            server.serve(salted(request.blocks, load.salt), request.input_tokens, request.output_tokens, load.salt)
+            served += 1
+            last = request.arrival
+        if not load.loop or last is None:
+            return served
+        shift = last + 1.0
+
+
+def default_lookup_log_shapes(params: EngineParams) -> list[list[int]]:
+    """A KV-cache shape consistent with the engine's bytes per token (2-byte elements)."""
+    return [[params.block_tokens, params.kv_bytes_per_token // 2]]
+
+
+def open_lookup_log(directory: str | os.PathLike[str], params: EngineParams, **rotation: Any) -> LookupHashLog:
+    """A lookup-hash log for the engine, with :class:`~kvtier.sim.lookuplog.Rotation` keywords."""
+    return LookupHashLog(directory, Rotation(**rotation), shapes=default_lookup_log_shapes(params))
