@@ -97,3 +97,26 @@ def render(filenames: tuple[str, ...], pod_monitor: bool) -> None:
     click.echo(result.yaml(), nl=False)
     if result.failed:
         sys.exit(1)
+
+
+@main.group()
+def dev() -> None:
+    """Run kvtier's world on this machine: the embedded cluster instead of Kubernetes."""
+
+
+@dev.command("up")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=Path(".kvtier/kubeconfig"),
+              show_default=True, help="Where to write the kubeconfig for kubectl and friends.")
+@click.option("--port", type=int, default=0, show_default=True, help="API server port (0: any free port).")
+@click.option("--nodes", type=click.IntRange(0), default=4, show_default=True, help="Simulated nodes.")
+@click.option("--gpus-per-node", type=click.IntRange(0), default=8, show_default=True)
+@click.option("--memory", default="2Ti", show_default=True, help="Allocatable memory per node.")
+@click.option("--cpu", default="128", show_default=True, help="Allocatable CPU per node.")
+def dev_up(kubeconfig: Path, port: int, nodes: int, gpus_per_node: int, memory: str, cpu: str) -> None:
+    """Start the embedded cluster (API server, kvtier CRDs, pod simulator) until Ctrl-C."""
+    import asyncio
+
+    from kvtier.testing.cluster import default_nodes, serve_until_signalled
+
+    declared = default_nodes(nodes, gpus=gpus_per_node, memory=memory, cpu=cpu)
+    asyncio.run(serve_until_signalled(declared, kubeconfig=kubeconfig, port=port, echo=click.echo))

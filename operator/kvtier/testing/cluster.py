@@ -12,9 +12,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import signal
 import tempfile
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -174,3 +175,23 @@ class ExternalCluster(_LoopThread):
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+async def serve_until_signalled(
+    nodes: list[NodeSpec], *, kubeconfig: Path, port: int = 0, echo: Callable[[str], None] = print
+) -> None:
+    """`kvtier dev up`: run an embedded cluster until SIGINT or SIGTERM, saying how to use it."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with EmbeddedCluster(nodes, kubeconfig=kubeconfig, port=port) as cluster:
+        gpus = sum(node.gpus for node in nodes)
+        echo(f"kvtier embedded cluster: API server {cluster.server.url}, {len(nodes)} simulated nodes ({gpus} GPUs)")
+        echo(f"  kubeconfig: {kubeconfig}")
+        echo(f"  try:  kubectl --kubeconfig {kubeconfig} apply -f manifests/examples/")
+        echo(f"        kubectl --kubeconfig {kubeconfig} get kvp,infd,pods")
+        echo("  the kvtier controllers do not run here yet: resources are stored and validated, not reconciled")
+        echo("  Ctrl-C stops the cluster")
+        await stop.wait()
+        echo("stopping")
