@@ -1,0 +1,1 @@
+"""Rebalancing a pool between deployments: demand curves -> allocator (pure) -> actuator."""
