@@ -38,8 +38,8 @@ class OfflineRender:
 def render_documents(documents: Iterable[Document], options: RenderOptions | None = None) -> OfflineRender:
     """Render every valid InferenceDeployment among `documents`; invalid kvtier objects are reported."""
     options = options or RenderOptions()
-    result = OfflineRender()
     documents = list(documents)
+    result = OfflineRender()
     for document in documents:
         result.messages += document.lines()
         result.failed |= bool(document.problems)
@@ -47,27 +47,36 @@ def render_documents(documents: Iterable[Document], options: RenderOptions | Non
     pools = {doc.model.metadata.name: doc.model for doc in valid if isinstance(doc.model, KVPool)}
     taken: dict[str, set[str]] = defaultdict(set)
     for document in valid:
-        deployment = document.model
-        if not isinstance(deployment, InferenceDeployment):
-            continue
-        prefix = f"{document.source}: {document.label}: "
-        if not deployment.metadata.name:
-            result.messages.append(f"{prefix}metadata.name: required to render (children are named after it)")
-            result.failed = True
-            continue
-        storage = deployment.spec.kv_cache.storage
-        pool = pools.get(storage.pool_ref) if storage is not None else None
-        if storage is not None and pool is None:
-            result.messages.append(
-                f"{prefix}KVPool {storage.pool_ref} is not in the files: rendered without the storage tier"
-            )
-        try:
-            binding = default_binding(deployment, pool, taken[pool.metadata.name]) if pool is not None else None
-            result.objects += render_deployment(deployment, pool, options, binding)
-        except RenderError as error:
-            result.messages.append(f"{prefix}{error.reason}: {error}")
-            result.failed = True
-            continue
-        if pool is not None and binding is not None:
-            taken[pool.metadata.name] |= {ns.uuid for ns in binding.namespaces}
+        if isinstance(document.model, InferenceDeployment):
+            _render_one(result, document, document.model, pools, taken, options)
     return result
+
+
+def _render_one(
+    result: OfflineRender,
+    document: Document,
+    deployment: InferenceDeployment,
+    pools: dict[str, KVPool],
+    taken: dict[str, set[str]],
+    options: RenderOptions,
+) -> None:
+    """Render one deployment into `result`; `taken` collects the static namespaces handed out so far."""
+    prefix = f"{document.source}: {document.label}: "
+    if not deployment.metadata.name:
+        result.messages.append(f"{prefix}metadata.name: required to render (children are named after it)")
+        result.failed = True
+        return
+    storage = deployment.spec.kv_cache.storage
+    pool = pools.get(storage.pool_ref) if storage is not None else None
+    if storage is not None and pool is None:
+        missing = f"KVPool {storage.pool_ref} is not in the files: rendered without the storage tier"
+        result.messages.append(prefix + missing)
+    try:
+        binding = default_binding(deployment, pool, taken[pool.metadata.name]) if pool is not None else None
+        result.objects += render_deployment(deployment, pool, options, binding)
+    except RenderError as error:
+        result.messages.append(f"{prefix}{error.reason}: {error}")
+        result.failed = True
+        return
+    if pool is not None and binding is not None:
+        taken[pool.metadata.name] |= {ns.uuid for ns in binding.namespaces}
