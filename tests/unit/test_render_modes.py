@@ -514,6 +514,9 @@ def test_user_memory_limit_grows_by_what_kvtier_adds():
     resources = container(objects, "vllm")["resources"]
     assert resources["requests"]["memory"] == "116Gi" and resources["limits"]["memory"] == "136Gi"
     assert resources["limits"]["cpu"] == "64" and resources["limits"]["nvidia.com/gpu"] == "8"
+    body["spec"]["engine"]["resources"]["limits"]["memory"] = "50Gi"  # below the request: the request wins
+    objects = render_deployment(InferenceDeployment.model_validate(body))
+    assert container(objects, "vllm")["resources"]["limits"]["memory"] == "116Gi"
 
 
 def test_default_engine_memory_comes_from_the_options():

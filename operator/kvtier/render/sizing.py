@@ -6,7 +6,7 @@ Per replica (all ranks of a replica run in one pod on one node):
   to a memory-backed emptyDir are charged to the pod's memory, so the vLLM container's memory covers it.
 - `vllm` memory: engine (`engine.resources.requests.memory`, or `default_engine_memory`) + the
   in-process CPU tier (`cpu.size` x TP: LMCache in-process keeps one buffer per rank) + `/dev/shm`.
-  The limit is the user's memory limit (or the engine request) plus the same two terms.
+  The limit is the user's memory limit (at least the engine request) plus the same two terms.
 - `lmcache` memory (LMCacheMP): L1 (`cpu.size`) + `lmcache_memory_overhead`; request = limit.
 - `kvtier-probe`: `PROBE_MEMORY` (its window is bounded).
 """
@@ -89,7 +89,7 @@ def pod_sizing(deployment: InferenceDeployment, options: RenderOptions, probe: b
     return PodSizing(
         gpus=tp,
         engine_memory=engine_memory,
-        engine_memory_limit=quantity_bytes(resources.limits.get("memory", engine_memory)),
+        engine_memory_limit=max(engine_memory, quantity_bytes(resources.limits.get("memory", engine_memory))),
         cpu_tier=0 if mp else spec.cpu_tier_memory_bytes,
         shm=options.shm_per_rank * tp,
         lmcache_memory=spec.cpu_tier_memory_bytes + options.lmcache_memory_overhead if mp else 0,
