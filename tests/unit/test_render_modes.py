@@ -428,6 +428,7 @@ def test_probe_runs_where_the_pool_rebalances_from_measured_demand():
         log_dir = flag(container(objects, "lmcache")["args"], "--lookup-hash-log-dir")
         assert flag(probe["args"], "--log-dir") == log_dir
         assert flag(probe["args"], "--chunk-bytes") == str(deployment.spec.chunk_bytes)
+        assert flag(probe["args"], "--port") == "9400" and "readinessProbe" not in probe
         assert "--kv-cache-metrics" in container(objects, "vllm")["args"]
         shared = [m["name"] for m in container(objects, "lmcache")["volumeMounts"] if m["mountPath"] == log_dir]
         assert shared == [probe["volumeMounts"][0]["name"]]

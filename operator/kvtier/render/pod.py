@@ -10,8 +10,8 @@
 - `kvtier-probe` (LMCacheMP with a storage tier on a pool that is not `Static`):
   `kvtier probe --log-dir DIR --chunk-bytes N --port P`: tails the LMCache lookup-hash log in DIR (an
   emptyDir shared with `lmcache`), keeps LRU stack distances of chunks (N bytes each) and serves the
-  demand curve on `http://:P/metrics`. vLLM then also exports its block-lifetime histograms
-  (`--kv-cache-metrics`).
+  demand curve on `http://:P/metrics` (liveness on `/health`). vLLM then also exports its
+  block-lifetime histograms (`--kv-cache-metrics`).
 - Readiness gate `kvtier.io/kv-quota-applied` (LMCacheMP with a storage tier): under IsolatedLRU a
   tenant without a quota gets no L2 at all, so a replica takes traffic only once the rebalancer has
   set its quota. In-process modes have their sizes in the config file and need no gate.
@@ -214,6 +214,8 @@ def probe_container(plan: PodPlan) -> dict[str, Any]:
             "limits": {"memory": format_quantity(PROBE_MEMORY_LIMIT)},
         },
         "volumeMounts": [{"name": LOOKUP_LOG_VOLUME, "mountPath": lmcache.LOOKUP_LOG_DIR, "readOnly": True}],
+        # No readiness probe: serving does not wait for the demand curve.
+        "livenessProbe": _http_probe("/health", PROBE_METRICS_PORT, 30, 5),
     }
 
 
