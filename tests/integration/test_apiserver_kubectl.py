@@ -154,3 +154,20 @@ def test_namespaces_and_builtins(kubectl):
         "configmap/settings"
     kubectl("delete", "namespace", "team", "--timeout=10s")
     assert kubectl("get", "namespace", "team", check=False).returncode != 0
+
+
+def test_builtin_columns(kubectl, api):
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a", "image": "a"}, {"name": "b", "image": "b"}]}}
+    api.ok("POST", "/api/v1/namespaces/default/pods", pod)
+    api.ok("PATCH", "/api/v1/namespaces/default/pods/p/status", {"status": {
+        "phase": "Running", "podIP": "127.0.0.5",
+        "containerStatuses": [{"name": "a", "ready": True, "restartCount": 2, "image": "a", "imageID": "", "state": {}},
+                              {"name": "b", "ready": False, "restartCount": 1, "image": "b", "imageID": "", "state": {}}]}},
+           content_type=MERGE)
+    lines = kubectl("get", "pods", "-o", "wide").stdout.splitlines()
+    assert lines[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE"]
+    assert lines[1].split()[:4] == ["p", "1/2", "Running", "3"] and lines[1].split()[5:] == ["127.0.0.5", "<none>"]
+    kubectl("apply", "-f", "-", stdin=DEPLOYMENT)
+    lines = kubectl("get", "deployments").stdout.splitlines()
+    assert lines[0].split() == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
+    assert lines[1].split()[:4] == ["web", "0/1", "0", "0"]

@@ -122,9 +122,11 @@ def test_table_output_uses_printer_columns(api, widgets):
     single = api.ok("GET", f"{widgets}/w?includeObject=Object", headers={"Accept": "application/json;as=Table;v=v1beta1;g=meta.k8s.io"})
     assert len(single["rows"]) == 1 and single["rows"][0]["object"]["spec"]["size"] == "large"
     builtin = api.ok("GET", "/api/v1/namespaces", headers={"Accept": TABLE})
-    assert [c["name"] for c in builtin["columnDefinitions"]] == ["Name", "Age"]
+    assert [c["name"] for c in builtin["columnDefinitions"]] == ["Name", "Status", "Age"]
     default = next(r["cells"] for r in builtin["rows"] if r["cells"][0] == "default")
-    assert default[1].endswith("s")  # an age like "0s"
+    assert default[1] == "Active" and default[2].endswith("s")  # an age like "0s"
+    plain = api.ok("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles", headers={"Accept": TABLE})
+    assert [c["name"] for c in plain["columnDefinitions"]] == ["Name", "Age"]
     # Without the Table Accept header the list is a plain list.
     assert api.ok("GET", widgets)["kind"] == "WidgetList"
 

@@ -1,9 +1,10 @@
 """Server-side printing: `meta.k8s.io` Tables for `kubectl get`.
 
 Custom resources get a Name column followed by their CRD's `additionalPrinterColumns` (or Name
-and Age when the CRD declares none); built-ins get Name and Age.  Column JSONPaths support the
-simple forms CRDs use (`.a.b`, `.a[0].b`, `.a['k.x']`, optionally wrapped in `{}`); `date`
-columns are rendered as ages like the real server (`5s`, `3m20s`, `2d4h`).
+and Age when the CRD declares none); built-ins get the columns of :mod:`.printers` (Name and Age
+for kinds it does not list).  Column JSONPaths support the simple forms CRDs use (`.a.b`,
+`.a[0].b`, `.a['k.x']`, optionally wrapped in `{}`); `date` columns are rendered as ages like the
+real server (`5s`, `3m20s`, `2d4h`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ import json
 import re
 from typing import Any
 
+from . import printers
 from .resources import ResourceType
 
 _NAME_COLUMN = {
     "name": "Name", "type": "string", "format": "name", "priority": 0,
     "description": "Name must be unique within a namespace.",
 }
-_AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp", "priority": 0,
-               "description": "CreationTimestamp is a timestamp representing the server time when this object was created."}
 
 _SEGMENT = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]|\['([^']*)'\]|\[\"([^\"]*)\"\]")
 
@@ -88,23 +88,32 @@ def _age(value: Any) -> str | None:
 
 
 def columns(rt: ResourceType) -> list[dict[str, Any]]:
-    """Column definitions: Name, then the printer columns (each keeps its jsonPath)."""
-    declared = rt.printer_columns if rt.custom and rt.printer_columns else [_AGE_COLUMN]
+    """Column definitions: Name, then the printer columns (each keeps its jsonPath or cell function)."""
+    if rt.custom:
+        declared = rt.printer_columns or [printers.AGE]
+    else:
+        declared = printers.COLUMNS.get(rt.storage_key, [printers.AGE])
     result = [dict(_NAME_COLUMN)]
     for col in declared:
-        result.append({
+        column = {
             "name": col["name"],
             "type": col.get("type", "string"),
             "format": col.get("format", ""),
             "description": col.get("description", ""),
             "priority": col.get("priority", 0),
-            "jsonPath": col.get("jsonPath", ""),
-        })
+        }
+        if "cell" in col:
+            column["cell"] = col["cell"]
+        else:
+            column["jsonPath"] = col.get("jsonPath", "")
+        result.append(column)
     return result
 
 
 def _cell(col: dict[str, Any], obj: dict[str, Any]) -> Any:
-    if col.get("format") == "name" and "jsonPath" not in col:
+    if "cell" in col:
+        return col["cell"](obj)
+    if "jsonPath" not in col:
         return obj["metadata"]["name"]
     value = jsonpath(obj, col["jsonPath"])
     if value is None:
@@ -146,6 +155,6 @@ def table(rt: ResourceType, objects: list[dict[str, Any]], resource_version: str
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": {"resourceVersion": resource_version, **(list_meta or {})},
-        "columnDefinitions": [{k: v for k, v in c.items() if k != "jsonPath"} for c in cols],
+        "columnDefinitions": [{k: v for k, v in c.items() if k not in ("jsonPath", "cell")} for c in cols],
         "rows": rows,
     }
