@@ -157,8 +157,13 @@ def test_cluster_scoped_resources(api, widgets):
     assert "namespace" not in created["metadata"] and created["metadata"]["labels"] == {"a": "b"}
     assert api.get("/apis/test.kvtier.io/v1/namespaces/default/gadgets/g")[0] == 404
     assert api.ok("GET", f"{GADGETS}/g")["spec"]["capacity"] == "1Ti"
-    node = api.ok("POST", "/api/v1/nodes", {"metadata": {"name": "n1"}})
+    node = api.ok("POST", "/api/v1/nodes", {"metadata": {"name": "n1"}, "status": {"capacity": {"cpu": "8"}}})
     assert node["kind"] == "Node" and "namespace" not in node["metadata"]
+    assert node["status"] == {"capacity": {"cpu": "8"}}  # nodes register with their status
+    pvc = api.ok("POST", "/api/v1/namespaces/default/persistentvolumeclaims", {
+        "metadata": {"name": "c"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        "status": {"phase": "Bound"}})
+    assert pvc["status"] == {"phase": "Pending"}
     # Namespaced kinds have no cluster-wide item path.
     assert api.get("/api/v1/configmaps/x")[0] == 404
 

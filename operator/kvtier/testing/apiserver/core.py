@@ -7,7 +7,8 @@ collector runs as a task.  Returned objects are the stored dicts: treat them as 
 Lifecycle rules (simplifications are marked):
 
 * Create sets `uid`, `creationTimestamp`, `generation: 1`, honours `generateName`, clears `status`
-  of kinds with a status subresource (pods start `Pending`, namespaces `Active`).
+  of kinds with a status subresource except nodes (pods and volumes start `Pending`, namespaces
+  `Active`, CRDs `Established`).
 * `generation` grows when anything but `metadata` (and `status`, for kinds with a status
   subresource) changes, and when deletion starts.  Writes that change nothing keep the
   resourceVersion and send no event.
@@ -220,7 +221,9 @@ class Cluster:
             obj["status"] = self._crd_status(obj)
         elif rt.storage_key == ("", "pods"):
             obj["status"] = {"phase": "Pending", "qosClass": "BestEffort"}
-        elif rt.status:
+        elif rt.storage_key in (("", "persistentvolumes"), ("", "persistentvolumeclaims")):
+            obj["status"] = {"phase": "Pending"}
+        elif rt.status and rt.storage_key != ("", "nodes"):  # kubelets register nodes with their status
             obj.pop("status", None)
 
     # -- update, patch, apply ------------------------------------------------------------------
