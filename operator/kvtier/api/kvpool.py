@@ -237,6 +237,35 @@ class RebalanceRecord(KubeModel):
     moves: list[QuotaMove] = Field(default_factory=list)
 
 
+class Allocation(KubeModel):
+    """One deployment's share of the pool: the ledger entry, written before anything is actuated."""
+
+    namespace: str
+    name: str
+    uid: str
+    replicas: int = Field(ge=0)
+    """Replicas admitted (each holds `quota` and, in a static pool, one namespace)."""
+    quota: Quantity
+    """Storage quota per replica."""
+    volumes: list[str] = Field(default_factory=list)
+    """Static NVMe-oF pools: the namespace UUID bound to each ordinal, in ordinal order."""
+
+    @property
+    def allocated(self) -> int:
+        return self.quota * self.replicas
+
+
+class WaitingDeployment(KubeModel):
+    """A deployment the pool could not admit yet; admitted in `since` order when capacity frees up."""
+
+    namespace: str
+    name: str
+    uid: str
+    since: Timestamp
+    needs: Quantity
+    """Bytes it needs at its minimum: `min` x replicas."""
+
+
 class KVPoolStatus(KubeModel):
     observed_generation: int | None = None
     capacity: Quantity | None = None
@@ -246,6 +275,10 @@ class KVPoolStatus(KubeModel):
     """Number of InferenceDeployments holding a share of the pool."""
     conditions: list[Condition] = Field(default_factory=list)
     last_rebalance: RebalanceRecord | None = None
+    allocations: list[Allocation] = Field(default_factory=list)
+    """The ledger: every deployment's share. The sum of `quota` x `replicas` never exceeds `capacity`."""
+    waiting: list[WaitingDeployment] = Field(default_factory=list)
+    """Deployments waiting for capacity, oldest first."""
 
 
 class KVPool(KubeModel):
