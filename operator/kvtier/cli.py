@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from kvtier import __version__
+from kvtier.probe.options import ProbeOptions
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -120,3 +123,178 @@ def dev_up(kubeconfig: Path, port: int, nodes: int, gpus_per_node: int, memory: 
 
     declared = default_nodes(nodes, gpus=gpus_per_node, memory=memory, cpu=cpu)
     asyncio.run(serve_until_signalled(declared, kubeconfig=kubeconfig, port=port, echo=click.echo))
+
+
+def _run_until_signalled(start: Callable[[], Awaitable[Any]]) -> None:
+    """Await `start()` (something with `async stop()`) and keep it running until SIGINT or SIGTERM."""
+    import asyncio
+    import signal
+
+    async def run() -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stopping.set)
+        running = await start()
+        try:
+            await stopping.wait()
+        finally:
+            await running.stop()
+
+    asyncio.run(run())
+
+
+@main.group()
+def sim() -> None:
+    """kvsim: a simulated vLLM + LMCache engine."""
+
+
+def _engine_options(command: Callable[..., None]) -> Callable[..., None]:
+    """One option per engine-model parameter (`kvtier.sim.engine.EngineParams`)."""
+    from dataclasses import fields
+
+    from kvtier.sim.settings import SERVE_DEFAULTS
+
+    for spec in reversed(fields(SERVE_DEFAULTS)):
+        default = getattr(SERVE_DEFAULTS, spec.name)
+        option = click.option(f"--{spec.name.replace('_', '-')}", type=type(default), default=default,
+                              help=f"Engine model: {spec.name.replace('_', ' ')}.")
+        command = option(command)
+    return command
+
+
+@sim.command("serve", context_settings={"auto_envvar_prefix": "KVSIM", "show_default": True})
+@click.option("--host", default="0.0.0.0", help="Address of every face.")
+@click.option("--port", type=int, default=8000, help="vLLM face: /health, /v1/models, /v1/completions, /metrics.")
+@click.option("--model", default="kvsim", help="Served model name.")
+@click.option("--lmcache-http-port", type=int, help="LMCache MP HTTP API: /healthcheck, /quota (off if not given).")
+@click.option("--lmcache-prometheus-port", type=int, help="LMCache MP /metrics (off if not given).")
+@click.option("--lookup-hash-log-dir", type=click.Path(file_okay=False), help="Write LMCache's lookup-hash log here.")
+@click.option("--lookup-hash-log-rotation-interval", type=click.FloatRange(0, min_open=True), default=21600.0,
+              help="Seconds before a new log file starts.")
+@click.option("--lookup-hash-log-rotation-max-size", type=click.IntRange(0), default=100 << 20,
+              help="Bytes before a new log file starts (0: no limit).")
+@click.option("--lookup-hash-log-max-files", type=click.IntRange(0), default=10, help="Log files kept (0: all).")
+@click.option("--trace", type=click.Path(exists=True, dir_okay=False), help="Replay this Mooncake-format trace.")
+@click.option("--speed", type=click.FloatRange(0, min_open=True), default=1.0,
+              help="Simulated seconds per wall-clock second (engine latencies are simulated seconds).")
+@click.option("--time-shift", type=float, default=0.0,
+              help="Seconds added to the trace's arrivals (requests before 0 are skipped).")
+@click.option("--loop/--no-loop", default=False, help="Start the trace over after its end.")
+@click.option("--trace-salt", default="", help="cache_salt of the trace's requests (default: none, `_default`).")
+@click.option("--quota", "quotas", multiple=True, metavar="SALT=GB", help="Initial L2 quota (repeatable).")
+@_engine_options
+def sim_serve(
+    host: str,
+    port: int,
+    model: str,
+    lmcache_http_port: int | None,
+    lmcache_prometheus_port: int | None,
+    lookup_hash_log_dir: str | None,
+    lookup_hash_log_rotation_interval: float,
+    lookup_hash_log_rotation_max_size: int,
+    lookup_hash_log_max_files: int,
+    trace: str | None,
+    speed: float,
+    time_shift: float,
+    loop: bool,
+    trace_salt: str,
+    quotas: tuple[str, ...],
+    **engine: Any,
+) -> None:
+    """Serve one simulated replica: vLLM's HTTP face and LMCache MP's, optionally replaying a trace.
+
+    Every option can also be set as KVSIM_<OPTION> (e.g. KVSIM_HBM_BLOCKS), as in a simulated pod.
+    """
+    from kvtier.sim.engine import EngineParams
+    from kvtier.sim.server import DEFAULT_SALT, SimServer, open_lookup_log, start_sim
+    from kvtier.sim.settings import TraceLoad
+
+    params = EngineParams(**engine)
+    lookup_log = None
+    if lookup_hash_log_dir:
+        lookup_log = open_lookup_log(lookup_hash_log_dir, params, interval_seconds=lookup_hash_log_rotation_interval,
+                                     max_bytes=lookup_hash_log_rotation_max_size, max_files=lookup_hash_log_max_files)
+    server = SimServer(params, model=model, speed=speed, lookup_log=lookup_log)
+    for quota in quotas:
+        salt, _, limit = quota.partition("=")
+        try:
+            server.set_quota("" if salt == DEFAULT_SALT else salt, float(limit))
+        except ValueError:
+            raise click.BadParameter(f"{quota!r} is not SALT=GB with GB >= 0", param_hint="--quota") from None
+    load = TraceLoad(trace, time_shift, loop, trace_salt) if trace else None
+    _run_until_signalled(lambda: start_sim(server, host, port=port, lmcache_http_port=lmcache_http_port,
+                                           lmcache_prometheus_port=lmcache_prometheus_port, load=load))
+
+
+@main.command()
+@click.option("--log-dir", required=True, type=click.Path(file_okay=False),
+              help="Directory of the LMCache MP server's lookup-hash log.")
+@click.option("--host", default=ProbeOptions.host, show_default=True)
+@click.option("--port", type=int, default=ProbeOptions.port, show_default=True, help="Serves /metrics and /health.")
+@click.option("--chunk-bytes", type=click.IntRange(0), default=ProbeOptions.chunk_bytes, show_default=True,
+              help="KV bytes of one chunk: adds the curve in bytes (0: chunks only).")
+@click.option("--max-blocks", type=click.IntRange(1), default=ProbeOptions.max_blocks, show_default=True,
+              help="Chunks of LRU stack tracked: the curve is exact up to this capacity, memory bounded by it.")
+@click.option("--window", type=click.FloatRange(0), default=ProbeOptions.window, show_default=True,
+              help="Half-life of an access's weight in seconds (0: never decay).")
+@click.option("--tick", type=click.FloatRange(0, min_open=True), default=ProbeOptions.tick, show_default=True,
+              help="Seconds between decay steps.")
+@click.option("--poll-interval", type=click.FloatRange(0, min_open=True), default=ProbeOptions.poll_interval,
+              show_default=True, help="Seconds between reads of the log directory.")
+def probe(**options: Any) -> None:
+    """Tail the LMCache lookup-hash log and serve the demand curve (LRU stack distances) on /metrics."""
+    from kvtier.probe.service import start_probe
+
+    settings = ProbeOptions(**options)
+    _run_until_signalled(lambda: start_probe(settings.build(), settings.host, settings.port))
+
+
+@sim.command("replay")
+@click.option("--scenario", "scenario_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Scenario file (format: scenarios/README.md).")
+@click.option("--json", "json_out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the results here (the README's JSON shape).")
+@click.option("--markdown", "markdown_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write a markdown summary.")
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write PNG plots (quota per tenant over time, hit ratio per policy).")
+@click.option("--policies", help="Comma-separated policies to run instead of the scenario's.")
+def sim_replay(scenario_path: Path, json_out: Path, markdown_out: Path | None, plot_out: Path | None,
+               policies: str | None) -> None:
+    """Replay a multi-tenant scenario under its pool policies, side by side (progress on stderr)."""
+    import json
+    import os
+    from typing import get_args
+
+    from pydantic import ValidationError
+
+    from kvtier.sim.report import replay_scenario, to_json, to_markdown
+    from kvtier.sim.scenario import PolicyName, load_scenario
+
+    try:
+        scenario = load_scenario(scenario_path)
+    except (ValidationError, OSError, ValueError) as error:
+        raise click.ClickException(f"{scenario_path}: {error}") from error
+    names = None
+    if policies is not None:
+        names = [name.strip() for name in policies.split(",") if name.strip()]
+        unknown = [name for name in names if name not in get_args(PolicyName)]
+        if unknown or not names:
+            raise click.BadParameter(f"unknown policies {unknown}; known: {', '.join(get_args(PolicyName))}",
+                                     param_hint="--policies")
+    runs = replay_scenario(scenario, names, progress=lambda line: click.echo(line, err=True))
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(to_json(scenario, runs), indent=2) + "\n")
+    click.echo(f"wrote {json_out}", err=True)
+    if plot_out is not None:
+        from kvtier.sim.plots import plot_replay
+
+        plot_out.parent.mkdir(parents=True, exist_ok=True)
+        plot_replay(scenario, runs, plot_out)
+        click.echo(f"wrote {plot_out}", err=True)
+    if markdown_out is not None:
+        markdown_out.parent.mkdir(parents=True, exist_ok=True)
+        plot_link = os.path.relpath(plot_out, markdown_out.parent) if plot_out is not None else None
+        markdown_out.write_text(to_markdown(scenario, runs, plot_link))
+        click.echo(f"wrote {markdown_out}", err=True)

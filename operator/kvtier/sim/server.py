@@ -32,6 +32,7 @@ salt when there is one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -39,8 +40,7 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -51,6 +51,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from kvtier.sim.cache import IsolatedLRU
 from kvtier.sim.engine import Engine, EngineParams, RequestOutcome, Tier
 from kvtier.sim.lookuplog import LookupHashLog, Rotation, chunk_hash
+from kvtier.sim.settings import TraceLoad
 from kvtier.sim.trace import iter_trace
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,6 @@ log = logging.getLogger(__name__)
 GB = 1 << 30
 #: The URL spelling of the empty salt.
 DEFAULT_SALT = "_default"
-#: Environment variables that configure a simulated engine: ``KVSIM_`` + an option name in upper case.
-ENV_PREFIX = "KVSIM_"
 #: vLLM's TTFT buckets (seconds).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -71,18 +70,6 @@ _YIELD_EVERY = 64
 
 class BadRequest(ValueError):
     """A client error: answered with 400 and a JSON error."""
-
-
-@dataclass(frozen=True)
-class TraceLoad:
-    """A trace a server replays by itself: arrivals shifted by ``time_shift`` seconds (requests
-    that would arrive before the server started are skipped); with ``loop`` the trace starts
-    over after its last request, one second later."""
-
-    path: str
-    time_shift: float = 0.0
-    loop: bool = False
-    salt: str = ""
 
 
 def salted(blocks: Sequence[int], salt: str) -> list[int]:
@@ -103,30 +90,6 @@ def prompt_blocks(tokens: Sequence[Any], block_tokens: int, salt: str = "") -> l
         previous = hashlib.blake2b(previous + chunk, digest_size=8).digest()
         blocks.append(int.from_bytes(previous, "big"))
     return blocks
-
-
-def settings_from_env(env: Mapping[str, str]) -> tuple[EngineParams, float, TraceLoad | None]:
-    """Engine parameters, clock speed and trace load from ``KVSIM_*`` variables (the ``sim serve`` options).
-
-    ``KVSIM_<ENGINEPARAMS FIELD>`` (e.g. ``KVSIM_HBM_BLOCKS``), ``KVSIM_SPEED``, and for a trace
-    ``KVSIM_TRACE``, ``KVSIM_TIME_SHIFT``, ``KVSIM_LOOP`` (true/false) and ``KVSIM_TRACE_SALT``.
-    """
-    values = {key[len(ENV_PREFIX):].lower(): value for key, value in env.items() if key.startswith(ENV_PREFIX)}
-    overrides = {}
-    for spec in fields(EngineParams):
-        if spec.name in values:
-            overrides[spec.name] = type(spec.default)(values[spec.name])
-    params = EngineParams(**overrides)
-    speed = float(values.get("speed", 1.0))
-    load = None
-    if values.get("trace"):
-        load = TraceLoad(
-            path=values["trace"],
-            time_shift=float(values.get("time_shift", 0.0)),
-            loop=values.get("loop", "false").strip().lower() in ("1", "true", "yes"),
-            salt=values.get("trace_salt", ""),
-        )
-    return params, speed, load
 
 
 class SimServer:
@@ -463,29 +426,75 @@ async def start_site(app: web.Application, host: str, port: int) -> web.AppRunne
     return runner
 
 
+class RunningSim:
+    """Faces of a :class:`SimServer` being served, and its trace replay; ``await stop()`` ends them."""
+
+    def __init__(self, runners: list[web.AppRunner], replay: asyncio.Task[int] | None) -> None:
+        self.runners = runners
+        #: The trace replay task (its result: requests served), if any.
+        self.replay = replay
+
+    async def stop(self) -> None:
+        if self.replay is not None:
+            self.replay.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.replay
+        for runner in self.runners:
+            await runner.cleanup()
+        self.runners = []
+
+
+async def start_sim(
+    server: SimServer,
+    host: str,
+    *,
+    port: int | None = None,
+    lmcache_http_port: int | None = None,
+    lmcache_prometheus_port: int | None = None,
+    load: TraceLoad | None = None,
+) -> RunningSim:
+    """Serve the faces whose ports are given on ``host`` and replay ``load`` in the background."""
+    runners: list[web.AppRunner] = []
+    faces = ((vllm_app, port), (lmcache_app, lmcache_http_port), (lmcache_metrics_app, lmcache_prometheus_port))
+    try:
+        for make_app, face_port in faces:
+            if face_port is not None:
+                runners.append(await start_site(make_app(server), host, face_port))
+    except BaseException:
+        await RunningSim(runners, None).stop()
+        raise
+    replay = asyncio.get_running_loop().create_task(replay_trace(server, load)) if load is not None else None
+    return RunningSim(runners, replay)
+
+
 async def replay_trace(server: SimServer, load: TraceLoad) -> int:
     """Submit a trace's requests as the server's clock reaches their arrivals; returns how many were served.
 
-    Returns at the end of the trace, or never with ``load.loop`` (cancel the task to stop it).
+    Returns at the end of the trace, or never with ``load.loop`` (cancel the task to stop it). An
+    unreadable or malformed trace ends the replay (logged), never the server.
     """
     served = 0
     shift = load.time_shift
-    while True:
-        last = None
-        for request in iter_trace(load.path, time_shift_seconds=shift):
-            if request.arrival < 0:
-                continue
-            delay = (request.arrival - server.now()) / server.speed
-            if delay > 0:
-                await asyncio.sleep(delay)
-            elif served % _YIELD_EVERY == 0:
-                await asyncio.sleep(0)  # catching up: let the HTTP faces answer now and then
-            server.serve(salted(request.blocks, load.salt), request.input_tokens, request.output_tokens, load.salt)
-            served += 1
-            last = request.arrival
-        if not load.loop or last is None:
-            return served
-        shift = last + 1.0
+    try:
+        while True:
+            last = None
+            for request in iter_trace(load.path, time_shift_seconds=shift):
+                if request.arrival < 0:
+                    continue
+                delay = (request.arrival - server.now()) / server.speed
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                elif served % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)  # catching up: let the HTTP faces answer now and then
+                server.serve(salted(request.blocks, load.salt), request.input_tokens, request.output_tokens, load.salt)
+                served += 1
+                last = request.arrival
+            if not load.loop or last is None:
+                return served
+            shift = last + 1.0
+    except (OSError, ValueError) as error:
+        log.error("trace replay of %s stopped after %d requests: %s", load.path, served, error)
+        return served
 
 
 def default_lookup_log_shapes(params: EngineParams) -> list[list[int]]:

@@ -1,0 +1,234 @@
+"""kvsim engines for the embedded cluster's pods (an ``EngineFactory`` of :mod:`kvtier.testing.podsim`).
+
+:class:`KvsimEngines` (default instance :data:`kvsim_engine`) is called once per container of a
+pod with ``(pod, container, address)`` and recognises the container by its command and args:
+
+- ``vllm serve MODEL ...``: vLLM's face on ``--port`` (default 8000); the model name is
+  ``--served-model-name`` or ``MODEL``. Its environment configures the simulated load (below).
+- ``lmcache server ...``: the MP HTTP API on ``--http-port`` (default 8080), the MP metrics on
+  ``--prometheus-port`` (if given) and, with ``--lookup-hash-log-dir``, the lookup-hash log with
+  the ``--lookup-hash-log-rotation-interval``, ``--lookup-hash-log-rotation-max-size`` (bytes)
+  and ``--lookup-hash-log-max-files`` flags.
+- ``kvtier probe ...``: the real probe (:mod:`kvtier.probe`), parsed by the real command line,
+  on the pod's address and its ``--port``.
+
+All containers of one pod (keyed by its uid) share one :class:`~kvtier.sim.server.SimServer`,
+which lives until the pod's last container stops. A path a container names (the log directory)
+is mapped into a per-pod directory through the container's ``volumeMounts``, so two containers
+mounting one emptyDir at different paths see the same files. Anything else gets the
+``fallback`` factory (e.g. the stub engine), or nothing.
+
+Simulated load: environment variables of the vLLM container, the same names as the
+``kvtier sim serve`` options (``KVSIM_`` + option name in upper case; see
+:func:`~kvtier.sim.settings.settings_from_env`): ``KVSIM_TRACE`` (a trace file on the machine
+running the simulator), ``KVSIM_SPEED``, ``KVSIM_TIME_SHIFT``, ``KVSIM_LOOP``,
+``KVSIM_TRACE_SALT``, and sizes such as ``KVSIM_HBM_BLOCKS``. An InferenceDeployment sets them
+through ``spec.engine.env``; three deployments replaying the same trace with different
+``KVSIM_TIME_SHIFT`` (or different traces) give shifting loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import click
+
+from kvtier.probe.options import ProbeOptions
+from kvtier.probe.service import start_probe
+from kvtier.sim.server import SimServer, open_lookup_log, start_sim
+from kvtier.sim.settings import settings_from_env
+
+log = logging.getLogger(__name__)
+
+Pod = dict[str, Any]
+Container = dict[str, Any]
+
+
+#: ``(pod, container, address)`` -> a started engine with ``async stop()`` (as in ``kvtier.testing.engines``).
+EngineFactory = Callable[[Pod, Container, str], Awaitable[Any]]
+
+
+def command_line(container: Container) -> list[str]:
+    """A container's command and args as words (a ``sh -c`` script is split too)."""
+    words: list[str] = []
+    for word in [*(container.get("command") or []), *(container.get("args") or [])]:
+        words.extend(shlex.split(word) if any(space in word for space in " \t\n") else [word])
+    return words
+
+
+def container_kind(container: Container) -> tuple[str, list[str]] | None:
+    """``("vllm" | "lmcache" | "probe", the words after the subcommand)``, or None for anything else."""
+    words = command_line(container)
+    for index, word in enumerate(words[:-1]):
+        program, subcommand = PurePosixPath(word).name, words[index + 1]
+        for kind, expected in (("vllm", ("vllm", "serve")), ("lmcache", ("lmcache", "server")),
+                               ("probe", ("kvtier", "probe"))):
+            if (program, subcommand) == expected:
+                return kind, words[index + 2 :]
+    return None
+
+
+def flag(words: Sequence[str], name: str) -> str | None:
+    """The value of ``--name value`` or ``--name=value`` (the last one wins), or None."""
+    value = None
+    for index, word in enumerate(words):
+        if word == name and index + 1 < len(words):
+            value = words[index + 1]
+        elif word.startswith(name + "="):
+            value = word[len(name) + 1 :]
+    return value
+
+
+def _find(pod: Pod, kind: str) -> tuple[Container, list[str]] | None:
+    for container in pod.get("spec", {}).get("containers", []):
+        recognised = container_kind(container)
+        if recognised is not None and recognised[0] == kind:
+            return container, recognised[1]
+    return None
+
+
+@dataclass
+class _PodSim:
+    server: SimServer
+    directory: Path
+    users: int = 0
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+
+class _Handle:
+    """One container's share of a pod's simulation."""
+
+    def __init__(self, engines: KvsimEngines, uid: str, parts: list[Any]) -> None:
+        self._engines, self._uid, self._parts = engines, uid, parts
+
+    async def stop(self) -> None:
+        parts, self._parts = self._parts, []
+        for part in parts:
+            await part.stop()
+        if self._uid:
+            self._engines._release(self._uid)
+            self._uid = ""
+
+
+class KvsimEngines:
+    """The factory; ``root`` holds the pods' directories (a temporary directory by default)."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None, fallback: EngineFactory | None = None) -> None:
+        self._root = Path(root) if root is not None else None
+        self._fallback = fallback
+        self._pods: dict[str, _PodSim] = {}
+
+    def server(self, uid: str) -> SimServer | None:
+        """The simulated engine of a running pod."""
+        pod = self._pods.get(uid)
+        return pod.server if pod is not None else None
+
+    async def __call__(self, pod: Pod, container: Container, address: str) -> Any:
+        recognised = container_kind(container)
+        if recognised is None:
+            if self._fallback is not None:
+                return await self._fallback(pod, container, address)
+            return _Handle(self, "", [])
+        kind, words = recognised
+        uid = pod["metadata"]["uid"]
+        sim = self._acquire(pod)
+        try:
+            parts = await self._start(kind, words, container, address, sim)
+        except (click.ClickException, ValueError) as error:  # arguments a real container would fail on
+            log.warning("%s/%s: cannot start: %s", pod["metadata"].get("name"), container.get("name"), error)
+            parts = []
+        except BaseException:
+            self._release(uid)
+            raise
+        return _Handle(self, uid, parts)
+
+    async def _start(self, kind: str, words: list[str], container: Container, address: str, sim: _PodSim) -> list[Any]:
+        if kind == "vllm":
+            _, _, load = settings_from_env(_env(container))
+            return [await start_sim(sim.server, address, port=int(flag(words, "--port") or 8000), load=load)]
+        if kind == "lmcache":
+            log_dir = flag(words, "--lookup-hash-log-dir")
+            if log_dir is not None:
+                rotation = {
+                    key: cast(value)
+                    for key, option, cast in (
+                        ("interval_seconds", "--lookup-hash-log-rotation-interval", float),
+                        ("max_bytes", "--lookup-hash-log-rotation-max-size", int),
+                        ("max_files", "--lookup-hash-log-max-files", int),
+                    )
+                    if (value := flag(words, option)) is not None
+                }
+                lookup_log = open_lookup_log(_host_path(sim.directory, container, log_dir), sim.server.params,
+                                             **rotation)
+                sim.server.lookup_log = lookup_log
+                sim.closers.append(lookup_log.close)
+            metrics_port = flag(words, "--prometheus-port")
+            return [await start_sim(sim.server, address, lmcache_http_port=int(flag(words, "--http-port") or 8080),
+                                    lmcache_prometheus_port=int(metrics_port) if metrics_port else None)]
+        from kvtier.cli import probe as probe_command
+
+        options = ProbeOptions(**probe_command.make_context("probe", list(words)).params)
+        options = replace(options, log_dir=str(_host_path(sim.directory, container, options.log_dir)))
+        return [await start_probe(options.build(), address, options.port)]
+
+    def _acquire(self, pod: Pod) -> _PodSim:
+        uid = pod["metadata"]["uid"]
+        sim = self._pods.get(uid)
+        if sim is None:
+            engine = _find(pod, "vllm")
+            params, speed, _ = settings_from_env(_env(engine[0]) if engine else {})
+            model = (flag(engine[1], "--served-model-name") or _positional(engine[1]) or "kvsim") if engine else "kvsim"
+            if self._root is None:
+                self._root = Path(tempfile.mkdtemp(prefix="kvsim-"))
+            directory = self._root / uid
+            directory.mkdir(parents=True, exist_ok=True)
+            sim = self._pods[uid] = _PodSim(SimServer(params, model=model, speed=speed), directory)
+        sim.users += 1
+        return sim
+
+    def _release(self, uid: str) -> None:
+        sim = self._pods.get(uid)
+        if sim is None:
+            return
+        sim.users -= 1
+        if sim.users <= 0:
+            del self._pods[uid]
+            for close in sim.closers:
+                close()
+            shutil.rmtree(sim.directory, ignore_errors=True)
+
+
+def _env(container: Container) -> dict[str, str]:
+    return {item["name"]: str(item["value"]) for item in container.get("env") or [] if "value" in item}
+
+
+def _positional(words: Sequence[str]) -> str | None:
+    return words[0] if words and not words[0].startswith("-") else None
+
+
+def _host_path(directory: Path, container: Container, path: str) -> Path:
+    """Where a path inside a container lives for the simulator: in the volume mounted over it, if any."""
+    target = PurePosixPath(path)
+    best: tuple[int, str, PurePosixPath] | None = None
+    for mount in container.get("volumeMounts") or []:
+        mount_path = PurePosixPath(mount.get("mountPath", "/"))
+        if target == mount_path or mount_path in target.parents:
+            depth = len(mount_path.parts)
+            if best is None or depth > best[0]:
+                best = (depth, mount["name"], target.relative_to(mount_path))
+    if best is not None:
+        _, volume, relative = best
+        return directory / "volumes" / volume / relative
+    return directory / "containers" / container.get("name", "container") / target.relative_to(target.anchor)
+
+
+#: The default factory (pods' directories under a temporary directory, nothing for other containers).
+kvsim_engine = KvsimEngines()
