@@ -96,6 +96,10 @@ def test_bad_input_never_crashes_the_server(api):
     for raw in (b"{not json", b"[1, 2", b"\xff\xfe", b""):
         status, body, _ = api.request("POST", CONFIGMAPS, raw=raw)
         assert status == 400 and body["kind"] == "Status", raw
+    protobuf = "application/vnd.kubernetes.protobuf"
+    for raw in (b"not protobuf", b"k8s\x00\xff\xff", b"k8s\x00\x0a\x04\x0a\x02\xff\xfe\x12\x01\x01"):
+        status, body, _ = api.request("POST", CONFIGMAPS, raw=raw, content_type=protobuf)
+        assert status == 415 and body["reason"] == "UnsupportedMediaType", raw
     api.ok("POST", CONFIGMAPS, configmap("a"))
     assert api.patch(f"{CONFIGMAPS}/a", "{oops", MERGE)[0] == 400
     assert api.patch(f"{CONFIGMAPS}/a", "[1]", MERGE)[0] == 400

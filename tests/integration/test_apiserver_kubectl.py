@@ -140,11 +140,17 @@ def test_server_side_apply(kubectl):
 
 
 def test_namespaces_and_builtins(kubectl):
-    # `kubectl create <generator>` sends protobuf, which the emulator does not speak (415): use manifests.
-    assert kubectl("create", "namespace", "team", check=False).returncode != 0
-    kubectl("create", "-f", "-", stdin="apiVersion: v1\nkind: Namespace\nmetadata: {name: team}\n")
-    kubectl("-n", "team", "create", "-f", "-", stdin="apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\n"
-                                                   "data: {a: b}\n")
+    # `kubectl create <generator>` sends protobuf: understood for namespaces, configmaps, secrets and
+    # serviceaccounts, refused (415) for other kinds.
+    kubectl("create", "namespace", "team")
+    kubectl("-n", "team", "create", "configmap", "settings", "--from-literal=a=b")
+    kubectl("-n", "team", "create", "secret", "generic", "pw", "--from-literal=pw=hunter2")
+    kubectl("-n", "team", "create", "serviceaccount", "robot")
+    secret = json.loads(kubectl("-n", "team", "get", "secret", "pw", "-o", "json").stdout)
+    assert secret["data"] == {"pw": "aHVudGVyMg=="} and secret["type"] == "Opaque"
+    assert "generateName" not in secret["metadata"]
+    refused = kubectl("-n", "team", "create", "deployment", "x", "--image=x", check=False)
+    assert refused.returncode != 0 and "unknown format" in refused.stderr
     kubectl("-n", "team", "apply", "-f", "-", stdin=DEPLOYMENT)
     lines = kubectl("get", "configmaps,deployments", "-n", "team").stdout
     assert "configmap/settings" in lines and "deployment.apps/web" in lines

@@ -7,8 +7,9 @@
 
 Modules: :mod:`.core` (semantics), :mod:`.store` (storage, watches), :mod:`.resources` (types,
 discovery), :mod:`.schema` (validation), :mod:`.patch` and :mod:`.apply` (PATCH flavours,
-server-side apply), :mod:`.table` (kubectl columns), :mod:`.openapi`, :mod:`.faults`,
-:mod:`.http` (routing), :mod:`.server` (lifecycle, kubeconfig).
+server-side apply), :mod:`.table` and :mod:`.printers` (kubectl columns), :mod:`.openapi`,
+:mod:`.protobuf` (the few protobuf bodies kubectl sends), :mod:`.faults`, :mod:`.http`
+(routing), :mod:`.server` (lifecycle, kubeconfig).
 """
 
 from .core import Cluster, WriteOptions

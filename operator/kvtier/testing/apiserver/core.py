@@ -167,7 +167,7 @@ class Cluster:
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now()
         meta["generation"] = 1
-        self._initial_status(rt, obj)
+        self._prepare_create(rt, obj)
         obj = self._validate(rt, obj, None, opts)
         if track_fields:
             obj["metadata"].pop("managedFields", None)
@@ -212,7 +212,10 @@ class Cluster:
                                    f'{rt.plural} "{name}" is forbidden: unable to create new content in namespace '
                                    f"{namespace} because it is being terminated")
 
-    def _initial_status(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+    def _prepare_create(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        """Initial status and the built-in defaults the emulator applies."""
+        if rt.storage_key == ("", "secrets"):
+            obj.setdefault("type", "Opaque")
         if rt.storage_key == _NS_KEY:
             obj["status"] = {"phase": "Active"}
             obj.setdefault("spec", {})["finalizers"] = ["kubernetes"]

@@ -4,7 +4,8 @@ Paths follow the real server: `/api/v1/...` and `/apis/{group}/{version}/...`, t
 `[namespaces/{ns}/]{resource}[/{name}[/{subresource}]]`.  Lists are answered from the current state
 (any `resourceVersion` is treated as NotOlderThan; `resourceVersionMatch=Exact` of an older
 version and continue tokens older than the history window answer 410); `limit`/`continue` paginate
-by name.
+by name.  Request bodies are JSON or YAML (protobuf only for the kinds :mod:`.protobuf` knows);
+responses are always JSON, which every client accepts.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from . import errors, openapi, table
+from . import errors, openapi, protobuf, table
 from .core import APPLY_PATCH, Cluster, WriteOptions
 from .errors import StatusError
 from .faults import FaultInjector, FaultRule, RequestLog, RequestRecord
@@ -241,8 +242,11 @@ class APIHandler:
         return web.Response(body=payload, content_type=JSON)
 
     def _parse(self, raw: bytes, content_type: str) -> Any:
-        if "protobuf" in content_type:  # client-go falls back to JSON on 415
-            raise errors.unsupported_media_type(content_type, [JSON, "application/yaml"])
+        if "protobuf" in content_type:
+            try:
+                return protobuf.decode(raw)
+            except protobuf.ProtobufError:
+                raise errors.unsupported_media_type(content_type, [JSON, "application/yaml"]) from None
         try:
             if "yaml" in content_type:
                 return yaml.safe_load(raw)
