@@ -77,13 +77,14 @@ def configmap(name: str, **data: str) -> dict[str, Any]:
 class WatchStream:
     """A watch request read on a background thread: `events` fills up as the server sends them."""
 
-    def __init__(self, api: Api, path: str) -> None:
+    def __init__(self, api: Api, path: str, headers: dict[str, str] | None = None) -> None:
         import queue
         import threading
 
         self.events: list[dict[str, Any]] = []
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._response = api.http.request("GET", api.url + path, preload_content=False, retries=False, timeout=30)
+        self._response = api.http.request("GET", api.url + path, headers=headers, preload_content=False,
+                                          retries=False, timeout=30)
         self.status = self._response.status
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from apiserver_helpers import CONFIGMAPS, MERGE, Api, widget
+from apiserver_helpers import CONFIGMAPS, MERGE, Api, WatchStream, widget
 
 from kvtier.testing.apiserver import ThreadedAPIServer
 
@@ -127,6 +127,13 @@ def test_table_output_uses_printer_columns(api, widgets):
     assert default[1] == "Active" and default[2].endswith("s")  # an age like "0s"
     plain = api.ok("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles", headers={"Accept": TABLE})
     assert [c["name"] for c in plain["columnDefinitions"]] == ["Name", "Age"]
+    # Watches can stream Tables too (kubectl get -w).
+    rv = table["metadata"]["resourceVersion"]
+    api.ok("PATCH", f"{widgets}/x", {"spec": {"size": "medium"}}, content_type=MERGE)
+    events = WatchStream(api, f"{widgets}?watch=true&resourceVersion={rv}&timeoutSeconds=1",
+                         headers={"Accept": TABLE}).rest()
+    assert [(e["type"], e["object"]["kind"], e["object"]["rows"][0]["cells"][:2]) for e in events] == [
+        ("MODIFIED", "Table", ["x", "medium"])]
     # Without the Table Accept header the list is a plain list.
     assert api.ok("GET", widgets)["kind"] == "WidgetList"
 

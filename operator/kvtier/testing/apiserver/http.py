@@ -116,7 +116,7 @@ class APIHandler:
         else:
             return None
         namespace = None
-        if len(rest) >= 3 and rest[0] == "namespaces" and not (len(rest) == 3 and rest[2] in ("status", "finalize")):
+        if len(rest) >= 3 and rest[0] == "namespaces" and not (len(rest) == 3 and rest[2] == "status"):
             namespace, rest = rest[1], rest[2:]
         if len(rest) > 3:
             raise StatusError(404, "NotFound", "the server could not find the requested resource")
@@ -134,10 +134,10 @@ class APIHandler:
             raise StatusError(404, "NotFound", "the server could not find the requested resource")
         if rt.namespaced and namespace is None and (name or method == "POST"):
             raise StatusError(404, "NotFound", "the server could not find the requested resource")
-        if sub not in (None, "status", "scale", "finalize") or (sub == "status" and not rt.status) \
+        if sub not in (None, "status", "scale") or (sub == "status" and not rt.status) \
                 or (sub == "scale" and not rt.scale):
             raise StatusError(404, "NotFound", "the server could not find the requested resource")
-        return Route(rt, namespace, name, "status" if sub == "finalize" else sub)
+        return Route(rt, namespace, name, sub)
 
     def _non_resource(self, request: web.Request) -> web.Response:
         path = request.path.rstrip("/") or "/"
