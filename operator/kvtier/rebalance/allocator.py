@@ -304,12 +304,12 @@ def limit_step(current: Mapping[str, int], target: Mapping[str, int], max_step_u
     shrink = -sum(change for change in delta.values() if change < 0)
     step = min(growth, max_step_units)
     funded = shrink if growth == 0 else min(shrink, -(-shrink * step // growth))
-    grown = _apportion({name: change for name, change in delta.items() if change > 0}, step)
-    shrunk = _apportion({name: -change for name, change in delta.items() if change < 0}, funded)
+    grown = apportion({name: change for name, change in delta.items() if change > 0}, step)
+    shrunk = apportion({name: -change for name, change in delta.items() if change < 0}, funded)
     return {name: current.get(name, 0) + grown.get(name, 0) - shrunk.get(name, 0) for name in names}
 
 
-def _apportion(weights: Mapping[str, int], total: int) -> dict[str, int]:
+def apportion(weights: Mapping[str, int], total: int) -> dict[str, int]:
     """``total`` units in integer shares proportional to ``weights`` (largest remainders; ties by name)."""
     whole = sum(weights.values())
     if not whole:

@@ -1,18 +1,23 @@
-"""Replay policies: how a scenario's pool is divided between its tenants.
+"""Replay policies: how a scenario's pool is divided between its tenants (``scenarios/README.md``).
 
-A policy chooses each tenant's salt (its partition of the pool) and the initial quotas, and may
-register hooks on the :class:`~kvtier.sim.replay.Replay` to move quota as virtual time passes.
-Here are the two that need no rebalancer, ``shared`` and ``equal``; the dynamic and oracle
-policies of ``scenarios/README.md`` subclass :class:`Policy` the same way.
+A policy chooses each tenant's salt (its partition of the pool), the pool and its initial quotas,
+and may register hooks on the :class:`~kvtier.sim.replay.Replay` to move quota as virtual time
+passes. Static: ``shared``, ``equal``, ``proportional``, ``oracle-static``. Dynamic ones subclass
+:class:`DynamicPolicy`, which asks :meth:`DynamicPolicy.decide` for a split every epoch and
+applies it; ``oracle-dynamic`` is one, and the ``kvtier`` policy will be another (see there).
+Both oracles divide the pool with the production allocator (:mod:`kvtier.rebalance.allocator`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
+from kvtier.rebalance.allocator import Demand, allocate, apportion, moved_units
 from kvtier.sim.cache import IsolatedLRU
+from kvtier.sim.hindsight import Hindsight, HindsightPool
 from kvtier.sim.replay import Replay, ReplayResult, TenantWorkload
 from kvtier.sim.scenario import Scenario
 
@@ -38,6 +43,10 @@ class Policy:
     def initial_quotas(self, scenario: Scenario) -> dict[str, int]:
         """Salt -> quota in blocks at virtual time 0."""
         raise NotImplementedError
+
+    def pool(self, scenario: Scenario) -> IsolatedLRU:
+        """The replay's pool, holding the initial quotas."""
+        return IsolatedLRU(self.initial_quotas(scenario))
 
     def attach(self, replay: Replay, scenario: Scenario) -> None:
         """Register hooks on the replay (dynamic policies); static ones need none."""
@@ -65,19 +74,183 @@ class EqualPolicy(Policy):
         return {tenant.name: share for tenant, share in zip(scenario.tenants, shares)}
 
 
-POLICIES: dict[str, type[Policy]] = {policy.name: policy for policy in (SharedPolicy, EqualPolicy)}
+class ProportionalPolicy(Policy):
+    """Shares proportional to each tenant's request rate over the run, fixed (largest remainders).
+
+    The rates are measured over the same window (the whole run) for every tenant, so they are
+    proportional to the tenants' request counts.
+    """
+
+    name = "proportional"
+
+    def __init__(self, workloads: Sequence[TenantWorkload]) -> None:
+        self.requests = {workload.name: len(workload.requests) for workload in workloads}
+
+    def initial_quotas(self, scenario: Scenario) -> dict[str, int]:
+        if not any(self.requests.values()):
+            return EqualPolicy().initial_quotas(scenario)
+        return apportion(self.requests, scenario.capacity_blocks)
+
+
+def _demands(scenario: Scenario, curves: Mapping[str, Sequence[float]]) -> dict[str, Demand]:
+    """Per tenant, hit blocks as a function of its quota in blocks, within its bounds."""
+    return {
+        tenant.name: Demand(curves[tenant.name], min_units=tenant.min_blocks, max_units=tenant.max_blocks)
+        for tenant in scenario.tenants
+    }
+
+
+class OracleStaticPolicy(Policy):
+    """The best fixed split in hindsight: the allocator on each tenant's whole-run LRU hit curve.
+
+    The curves are exact, so the predicted hits are exactly what the replay reports.
+    """
+
+    name = "oracle-static"
+
+    def __init__(self, hindsight: Hindsight) -> None:
+        self.hindsight = hindsight
+
+    def initial_quotas(self, scenario: Scenario) -> dict[str, int]:
+        capacity = scenario.capacity_blocks
+        curves = {name: self.hindsight.whole(name).hit_curve(capacity) for name in self.hindsight.tenants}
+        return allocate(_demands(scenario, curves), capacity)
+
+
+class DynamicPolicy(Policy):
+    """A policy that re-divides the pool at every epoch (``epochSeconds``, 2 x ``epochSeconds``, ...).
+
+    :meth:`decide` gets the time and the current quotas (what the quota API reports) and returns
+    the new split, or None to keep it; the split is checked (every tenant, within the pool) and
+    applied shrinks first, as the actuator does. The ``kvtier`` policy will subclass this: its
+    :meth:`attach` also registers a scrape hook every ``scrapeSeconds`` that hands the simulated
+    pods' metric text (engine and probe expositions) to its estimator, and its :meth:`decide` runs
+    the allocator and the loop's safety rules on the estimated curves, never the trace.
+    """
+
+    def decide(self, now: float, current: Mapping[str, int]) -> Mapping[str, int] | None:
+        raise NotImplementedError
+
+    def attach(self, replay: Replay, scenario: Scenario) -> None:
+        tenants = [tenant.name for tenant in scenario.tenants]
+        capacity = scenario.capacity_blocks
+
+        def epoch(now: float) -> None:
+            current = {name: replay.quota(name) for name in tenants}
+            quotas = self.decide(now, current)
+            if quotas is None:
+                return
+            if set(quotas) != set(tenants) or sum(quotas.values()) > capacity:
+                raise ValueError(f"{self.name}: split {dict(quotas)} does not divide {capacity} blocks among {tenants}")
+            for name in sorted(tenants, key=lambda name: quotas[name] - current[name]):
+                replay.set_quota(name, quotas[name])
+
+        replay.every(scenario.epoch_seconds, epoch)
+
+
+class OracleDynamicPolicy(DynamicPolicy):
+    """An upper bound: every epoch, the best split for that epoch's accesses, judged by exact
+    per-tenant stack depths on each tenant's whole stream.
+
+    The replay runs on a :class:`~kvtier.sim.hindsight.HindsightPool`, so a growing partition
+    instantly gets its blocks back and the hits are exactly the epoch curves' prediction. Each
+    epoch's split starts from the previous one, so epochs where moving gains nothing move nothing.
+    """
+
+    name = "oracle-dynamic"
+
+    def __init__(self, scenario: Scenario, hindsight: Hindsight) -> None:
+        self.epoch_seconds = hindsight.epoch_seconds
+        capacity = scenario.capacity_blocks
+        #: The split of every epoch.
+        self.splits: list[dict[str, int]] = []
+        previous: dict[str, int] | None = None
+        for index in range(hindsight.count):
+            curves = {name: hindsight.epoch(name, index).hit_curve(capacity) for name in hindsight.tenants}
+            previous = allocate(_demands(scenario, curves), capacity, previous)
+            self.splits.append(previous)
+
+    def initial_quotas(self, scenario: Scenario) -> dict[str, int]:
+        return dict(self.splits[0]) if self.splits else EqualPolicy().initial_quotas(scenario)
+
+    def pool(self, scenario: Scenario) -> IsolatedLRU:
+        return HindsightPool(self.initial_quotas(scenario))
+
+    def decide(self, now: float, current: Mapping[str, int]) -> Mapping[str, int] | None:
+        index = round(now / self.epoch_seconds)
+        return self.splits[index] if index < len(self.splits) else None
+
+
+#: Builds a policy from the scenario, its workloads and the (lazily computed, shared) hindsight.
+PolicyFactory = Callable[[Scenario, Sequence[TenantWorkload], Callable[[], Hindsight]], Policy]
+
+#: Every policy the replay implements, by name (``kvtier`` comes with the rebalancer's estimator).
+POLICIES: dict[str, PolicyFactory] = {
+    "equal": lambda scenario, workloads, hindsight: EqualPolicy(),
+    "proportional": lambda scenario, workloads, hindsight: ProportionalPolicy(workloads),
+    "shared": lambda scenario, workloads, hindsight: SharedPolicy(),
+    "oracle-static": lambda scenario, workloads, hindsight: OracleStaticPolicy(hindsight()),
+    "oracle-dynamic": lambda scenario, workloads, hindsight: OracleDynamicPolicy(scenario, hindsight()),
+}
+
+
+def build_policies(
+    names: Sequence[str], scenario: Scenario, workloads: Sequence[TenantWorkload]
+) -> dict[str, Policy]:
+    """The named policies that are implemented; the oracles share one :class:`Hindsight`."""
+    hindsight = functools.cache(lambda: Hindsight(workloads, scenario.epoch_seconds))
+    return {name: POLICIES[name](scenario, workloads, hindsight) for name in names if name in POLICIES}
+
+
+@dataclass
+class Timeline:
+    """Each salt's quota and the cumulative block counts at time 0, at every epoch and at the end.
+
+    A move is one salt's quota changing at an epoch; ``moved_blocks`` sums the increases.
+    """
+
+    times: list[float] = field(default_factory=list)
+    quotas: list[dict[str, int]] = field(default_factory=list)
+    hit_blocks: list[int] = field(default_factory=list)
+    accessed_blocks: list[int] = field(default_factory=list)
+
+    def record(self, replay: Replay, now: float) -> None:
+        self.times.append(now)
+        self.quotas.append(replay.pool.quotas())
+        stats = [engine.stats for engines in replay.replicas.values() for engine in engines]
+        self.hit_blocks.append(sum(s.total_hit_blocks for s in stats))
+        self.accessed_blocks.append(sum(s.accessed_blocks for s in stats))
+
+    @property
+    def moves(self) -> int:
+        return sum(
+            sum(1 for salt in after if after[salt] != before.get(salt, 0))
+            for before, after in zip(self.quotas, self.quotas[1:])
+        )
+
+    @property
+    def moved_blocks(self) -> int:
+        return sum(moved_units(before, after) for before, after in zip(self.quotas, self.quotas[1:]))
 
 
 def run_policy(
-    policy: Policy, scenario: Scenario, workloads: Sequence[TenantWorkload] | None = None
+    policy: Policy,
+    scenario: Scenario,
+    workloads: Sequence[TenantWorkload] | None = None,
+    timeline: Timeline | None = None,
 ) -> ReplayResult:
-    """Replay the scenario under ``policy``; pass ``workloads`` to reuse traces loaded once."""
+    """Replay the scenario under ``policy``; pass ``workloads`` to reuse traces loaded once, and a
+    ``timeline`` to record quotas and hits at every epoch."""
     if workloads is None:
         workloads = scenario.workloads()
     salts = policy.salts(scenario)
-    replay = Replay(
-        [replace(workload, salt=salts[workload.name]) for workload in workloads],
-        IsolatedLRU(policy.initial_quotas(scenario)),
-    )
+    replay = Replay([replace(workload, salt=salts[workload.name]) for workload in workloads], policy.pool(scenario))
     policy.attach(replay, scenario)
-    return replay.run()
+    if timeline is not None:
+        timeline.record(replay, 0.0)
+        # Registered after the policy's hooks, so it sees each epoch's new quotas.
+        replay.every(scenario.epoch_seconds, lambda now: timeline.record(replay, now))
+    result = replay.run()
+    if timeline is not None:
+        timeline.record(replay, replay.now)
+    return result

@@ -1,0 +1,156 @@
+"""``kvtier sim replay``: run a scenario's policies side by side and report them (JSON, markdown).
+
+The JSON has exactly the shape of ``scenarios/README.md``; a policy that is not implemented yet
+is reported as ``{"skipped": reason}``, never with numbers. Plots: :mod:`kvtier.sim.plots`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvtier.sim.engine import Tier
+from kvtier.sim.policies import POLICIES, SharedPolicy, Timeline, build_policies, run_policy
+from kvtier.sim.replay import ReplayResult
+from kvtier.sim.scenario import Scenario, ScenarioTenant
+
+#: Why a policy named by a scenario has no numbers yet.
+NOT_IMPLEMENTED = {
+    "kvtier": "not implemented yet: the kvtier policy (probe curves -> estimator -> allocator -> quota API, "
+    "fed only the simulated pods' metrics) comes with the rebalancer's estimator and actuator",
+}
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy's replay: its totals and timeline, or why it was skipped."""
+
+    name: str
+    result: ReplayResult | None = None
+    timeline: Timeline | None = None
+    #: False for ``shared``: one LRU, no per-tenant quotas.
+    partitioned: bool = True
+    skipped: str | None = None
+
+
+def replay_scenario(
+    scenario: Scenario, names: Sequence[str] | None = None, progress: Callable[[str], None] = lambda line: None
+) -> list[PolicyRun]:
+    """Run the named policies (default: the scenario's) on the scenario's workloads, loaded once."""
+    names = list(scenario.policies if names is None else names)
+    started = time.perf_counter()
+    workloads = scenario.workloads()
+    accesses = sum(len(r.blocks) for w in workloads for r in w.requests)
+    progress(f"loaded {len(workloads)} tenants, {accesses:,} block accesses ({time.perf_counter() - started:.1f} s)")
+    started = time.perf_counter()
+    policies = build_policies(names, scenario, workloads)
+    progress(f"prepared {', '.join(policies)} ({time.perf_counter() - started:.1f} s)")
+    runs = []
+    for index, name in enumerate(names, 1):
+        if name not in POLICIES:
+            reason = NOT_IMPLEMENTED.get(name, "not implemented")
+            progress(f"[{index}/{len(names)}] {name}: skipped ({reason})")
+            runs.append(PolicyRun(name, skipped=reason))
+            continue
+        started = time.perf_counter()
+        policy = policies[name]
+        timeline = Timeline()
+        result = run_policy(policy, scenario, workloads, timeline)
+        progress(
+            f"[{index}/{len(names)}] {name}: block hit ratio {result.overall.block_hit_ratio:.4f}, "
+            f"{timeline.moves} moves ({time.perf_counter() - started:.1f} s)"
+        )
+        runs.append(PolicyRun(name, result, timeline, partitioned=not isinstance(policy, SharedPolicy)))
+    return runs
+
+
+def to_json(scenario: Scenario, runs: Sequence[PolicyRun]) -> dict[str, Any]:
+    """The ``--json`` document."""
+    policies: dict[str, Any] = {}
+    for run in runs:
+        if run.result is None or run.timeline is None:
+            policies[run.name] = {"skipped": run.skipped}
+            continue
+        overall = run.result.overall
+        policies[run.name] = {
+            "block_hit_ratio": overall.block_hit_ratio,
+            "hit_blocks": overall.hit_blocks,
+            "accessed_blocks": overall.accessed_blocks,
+            "token_hit_ratio": overall.token_hit_ratio,
+            "prefill_seconds_saved": overall.prefill_seconds_saved,
+            "ttft_p50_seconds": overall.ttft_p50_seconds,
+            "ttft_p99_seconds": overall.ttft_p99_seconds,
+            "moves": run.timeline.moves,
+            "moved_blocks": run.timeline.moved_blocks,
+            "per_tenant": {
+                name: {
+                    "block_hit_ratio": tenant.block_hit_ratio,
+                    "hit_blocks": tenant.hit_blocks,
+                    "accessed_blocks": tenant.accessed_blocks,
+                }
+                for name, tenant in run.result.per_tenant.items()
+            },
+        }
+    return {"scenario": scenario.name, "policies": policies}
+
+
+def _saved_per_storage_hit(scenario: Scenario, tenant: ScenarioTenant) -> float:
+    return scenario.engine_params(tenant).prefill_seconds_saved_per_block(Tier.STORAGE)
+
+
+def to_markdown(scenario: Scenario, runs: Sequence[PolicyRun], plot: str | None = None) -> str:
+    """A summary a reader can take in at a glance: totals, per tenant, the splits, what was skipped."""
+    tenants = [tenant.name for tenant in scenario.tenants]
+    done = [run for run in runs if run.result is not None and run.timeline is not None]
+    lines = [
+        f"# Replay: {scenario.name}",
+        "",
+        f"{len(tenants)} tenants ({', '.join(tenants)}) share a pool of {scenario.capacity_blocks:,} blocks "
+        f"of {scenario.block_tokens} tokens; dynamic policies re-divide it every {scenario.epoch_seconds:g} s "
+        "of virtual time. Semantics: `scenarios/README.md`.",
+        "",
+        "| policy | block hit ratio | token hit ratio | prefill s saved | TTFT p50 s | TTFT p99 s | moves | moved blocks |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in runs:
+        if run.result is None or run.timeline is None:
+            lines.append(f"| {run.name} | skipped | | | | | | |")
+            continue
+        o = run.result.overall
+        lines.append(
+            f"| {run.name} | {o.block_hit_ratio:.4f} | {o.token_hit_ratio:.4f} | {o.prefill_seconds_saved:,.1f} | "
+            f"{o.ttft_p50_seconds:.3f} | {o.ttft_p99_seconds:.3f} | {run.timeline.moves} | "
+            f"{run.timeline.moved_blocks:,} |"
+        )
+    if done:
+        accessed = done[0].result.overall.accessed_blocks  # type: ignore[union-attr]
+        lines += ["", f"Block accesses: {accessed:,} (the same for every policy).", ""]
+        lines += ["## Block hit ratio per tenant", "", "| policy | " + " | ".join(tenants) + " |",
+                  "|---|" + "---:|" * len(tenants)]
+        for run in done:
+            per = run.result.per_tenant  # type: ignore[union-attr]
+            lines.append(f"| {run.name} | " + " | ".join(f"{per[t].block_hit_ratio:.4f}" for t in tenants) + " |")
+        lines += ["", "## Quotas (blocks)", "", "Static splits; for a dynamic policy, the range over its epochs.", "",
+                  "| policy | " + " | ".join(tenants) + " |", "|---|" + "---:|" * len(tenants)]
+        for run in done:
+            if not run.partitioned:
+                lines.append(f"| {run.name} | " + " | ".join("one LRU" for _ in tenants) + " |")
+                continue
+            quotas = run.timeline.quotas  # type: ignore[union-attr]
+            cells = []
+            for tenant in tenants:
+                low, high = min(q.get(tenant, 0) for q in quotas), max(q.get(tenant, 0) for q in quotas)
+                cells.append(f"{low:,}" if low == high else f"{low:,} .. {high:,}")
+            lines.append(f"| {run.name} | " + " | ".join(cells) + " |")
+    lines += ["", "Prefill seconds saved per hit block (README: block tokens / prefill speed - block bytes / read "
+              "bandwidth; negative when loading a block from the pool is slower than recomputing it): "
+              + ", ".join(f"{t.name} {_saved_per_storage_hit(scenario, t) * 1000:+.1f} ms" for t in scenario.tenants)
+              + "."]
+    skipped = [run for run in runs if run.skipped is not None]
+    if skipped:
+        lines += ["", "## Skipped", ""] + [f"- `{run.name}`: {run.skipped}." for run in skipped]
+    if plot:
+        lines += ["", f"![quota per tenant over time, hit ratio per policy]({plot})"]
+    return "\n".join(lines) + "\n"
