@@ -158,6 +158,7 @@ class Cluster:
                 raise errors.invalid(rt.group, rt.kind, "", [FieldError("metadata.name", "Required value",
                                                                          "name or generateName is required")])
             meta["name"] = meta["generateName"] + "".join(random.choices(_NAME_CHARS, k=5))
+        namespace = meta.get("namespace")
         if rt.namespaced:
             self._check_namespace(rt, namespace or "", meta["name"])
         if self.find(rt, namespace, meta["name"]) is not None:
@@ -175,7 +176,7 @@ class Cluster:
         if opts.dry_run:
             return obj
         stored = self.store.put(rt.storage_key, obj)
-        self._after_write(rt, None, stored)
+        self._after_write(rt, stored)
         return stored.obj
 
     def _check_body(self, rt: ResourceType, namespace: str | None, body: Any, name: str | None) -> dict[str, Any]:
@@ -194,9 +195,11 @@ class Cluster:
         if not isinstance(meta, dict):
             raise errors.bad_request("metadata must be an object")
         if rt.namespaced:
-            if meta.get("namespace") not in (None, "", namespace):
+            if namespace and meta.get("namespace") not in (None, "", namespace):
                 raise errors.bad_request("the namespace of the provided object does not match the namespace sent on the request")
-            meta["namespace"] = namespace
+            meta["namespace"] = namespace or meta.get("namespace")
+            if not meta["namespace"]:
+                raise errors.bad_request(f"{rt.plural} are namespaced: a namespace is required")
         else:
             meta.pop("namespace", None)
         if name is not None and meta.get("name") not in (None, name):
@@ -349,7 +352,7 @@ class Cluster:
                 and not self._has_cleanup(rt):
             return self._remove(rt, old_obj, new)
         stored = self.store.put(rt.storage_key, new)
-        self._after_write(rt, old_obj, stored)
+        self._after_write(rt, stored)
         return stored.obj
 
     def _validate(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
@@ -537,7 +540,7 @@ class Cluster:
         self.registry.remove_group_resource(spec["group"], spec["names"]["plural"])
         self.store.drop_collection((spec["group"], spec["names"]["plural"]))
 
-    def _after_write(self, rt: ResourceType, old: dict[str, Any] | None, stored: Stored) -> None:
+    def _after_write(self, rt: ResourceType, stored: Stored) -> None:
         meta = stored.obj["metadata"]
         if rt.storage_key == _CRD_KEY and not meta.get("deletionTimestamp"):
             self._register_crd(stored.obj)
