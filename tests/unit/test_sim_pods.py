@@ -1,0 +1,150 @@
+"""kvsim engines for simulated pods: one engine per pod behind its vllm, lmcache and probe containers."""
+
+import pathlib
+import random
+import uuid
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvtier.sim.pods import KvsimEngines, command_line, container_kind, flag
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "mooncake_synthetic_trace.jsonl"
+LOG_DIR = "/var/run/kvtier/lookup-hashes"
+
+
+def pod(trace_path=None):
+    """A pod shaped like the renderer's LMCacheMP replica (vllm, lmcache and the probe sharing an emptyDir)."""
+    env = [{"name": "KVSIM_BLOCK_TOKENS", "value": "4"}, {"name": "KVSIM_HBM_BLOCKS", "value": "16"},
+           {"name": "KVSIM_CPU_BLOCKS", "value": "8"},
+           {"name": "KVSIM_SPEED", "value": "1e9"}]
+    if trace_path:
+        env.append({"name": "KVSIM_TRACE", "value": str(trace_path)})
+    mount = {"name": "lookup-hashes", "mountPath": LOG_DIR}
+    return {
+        "metadata": {"name": "chat-0", "namespace": "default", "uid": str(uuid.uuid4())},
+        "spec": {"containers": [
+            {"name": "vllm", "command": ["vllm", "serve"], "env": env,
+             "args": ["meta-llama/Llama-3.1-70B", "--served-model-name", "chat", "--port", "8000"]},
+            {"name": "lmcache", "command": ["lmcache", "server"], "volumeMounts": [mount],
+             "args": ["--port", "5555", "--http-port", "8080", "--prometheus-port", "9090",
+                      "--lookup-hash-log-dir", LOG_DIR, "--lookup-hash-log-rotation-interval", "600",
+                      "--lookup-hash-log-max-files", "6"]},
+            {"name": "kvtier-probe", "command": ["kvtier", "probe"],
+             "volumeMounts": [{**mount, "mountPath": "/logs", "readOnly": True}],
+             "args": ["--log-dir", "/logs", "--chunk-bytes", "1310720", "--port", "9400"]},
+            {"name": "sidecar", "command": ["sh", "-c", "sleep infinity"]},
+        ]},
+    }
+
+
+def address():
+    return f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(2, 254)}"
+
+
+def families(text):
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def total(family):
+    return sum(sample.value for sample in family.samples if not sample.name.endswith("_created"))
+
+
+async def test_a_pods_three_containers_share_one_engine_and_are_scraped(tmp_path):
+    engines = KvsimEngines(tmp_path)
+    spec = pod()
+    host = address()
+    handles = [await engines(spec, container, host) for container in spec["spec"]["containers"]]
+    server = engines.server(spec["metadata"]["uid"])
+    assert server is not None and server.model == "chat" and server.params.block_tokens == 4
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.put(f"http://{host}:8080/quota/_default", json={"limit_gb": 1}) as reply:
+                assert reply.status == 200
+            for _ in range(2):
+                prompt = " ".join(f"w{i}" for i in range(80))  # 20 blocks, more than HBM holds
+                async with http.post(f"http://{host}:8000/v1/completions", json={"prompt": prompt}) as reply:
+                    assert reply.status == 200
+            async with http.get(f"http://{host}:8000/metrics") as reply:
+                vllm = families(await reply.text())
+            async with http.get(f"http://{host}:9090/metrics") as reply:
+                lmcache = families(await reply.text())
+            async with http.get(f"http://{host}:9400/metrics") as reply:
+                probe = families(await reply.text())
+            async with http.get(f"http://{host}:8080/quota/_default") as reply:
+                quota = await reply.json()
+    finally:
+        for handle in handles:
+            await handle.stop()
+
+    assert total(vllm["vllm:prompt_tokens"]) == 160
+    assert total(lmcache["lmcache_mp_lookups"]) == 2
+    # HBM (16 blocks) and L1 (8, holding the prompt's first blocks) miss the last 4 blocks; L2 has them.
+    assert total(lmcache["lmcache_mp_lookup_hit_l2_keys"]) == 4
+    assert quota["exists"] and quota["current_usage_gb"] > 0
+    # The probe read the log the lmcache container wrote, through the shared volume.
+    assert total(probe["kvtier_probe_lookups"]) == 2
+    assert total(probe["kvtier_probe_chunks"]) == 40
+    buckets = {s.labels["le"]: s.value for s in probe["kvtier_probe_stack_distance_chunks"].samples
+               if s.name.endswith("_bucket")}
+    # The repeat's block k sits at stack distance k + 1: an LRU of C chunks hits min(C, 20) of them.
+    assert (buckets["8.0"], buckets["16.0"], buckets["32.0"], buckets["+Inf"]) == (8, 16, 20, 40)
+    assert engines.server(spec["metadata"]["uid"]) is None  # the last container stopped: the engine is gone
+    assert not (tmp_path / spec["metadata"]["uid"]).exists()
+
+
+async def test_a_pod_replays_the_trace_its_engine_env_names(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    with open(TRACE) as lines:
+        trace.write_text("".join(next(lines) for _ in range(20)))
+    engines = KvsimEngines(tmp_path / "pods")
+    spec = pod(trace)
+    vllm = spec["spec"]["containers"][0]
+    handle = await engines(spec, vllm, address())
+    try:
+        [running] = handle._parts
+        assert await running.replay == 20
+        assert engines.server(spec["metadata"]["uid"]).engine.stats.requests == 20
+    finally:
+        await handle.stop()
+
+
+async def test_unknown_containers_get_the_fallback_and_bad_arguments_serve_nothing(tmp_path):
+    started = []
+
+    async def fallback(pod_, container, host):
+        started.append(container["name"])
+        return KvsimEngines(tmp_path)  # anything with stop() would do; never stopped here
+
+    engines = KvsimEngines(tmp_path, fallback=fallback)
+    spec = pod()
+    sidecar = spec["spec"]["containers"][3]
+    await engines(spec, sidecar, address())
+    assert started == ["sidecar"]
+    broken = {**spec["spec"]["containers"][2], "args": ["--port", "not-a-number"]}
+    handle = await engines(spec, broken, address())
+    assert handle._parts == []
+    await handle.stop()
+    assert engines.server(spec["metadata"]["uid"]) is None
+
+
+@pytest.mark.parametrize("container, kind", [
+    ({"command": ["vllm", "serve"], "args": ["m"]}, "vllm"),
+    ({"command": ["/usr/local/bin/vllm"], "args": ["serve", "m", "--port=9"]}, "vllm"),
+    ({"command": ["sh", "-c", "exec lmcache server --http-port 1"]}, "lmcache"),
+    ({"command": ["kvtier", "probe"], "args": ["--log-dir", "/x"]}, "probe"),
+    ({"command": ["python", "-m", "http.server"]}, None),
+    ({}, None),
+])
+def test_containers_are_recognised_by_their_command_line(container, kind):
+    recognised = container_kind(container)
+    assert (recognised[0] if recognised else None) == kind
+
+
+def test_flags_and_command_lines():
+    words = command_line({"command": ["sh", "-c", "lmcache server --http-port 1 --http-port=2"], "args": ["--x"]})
+    assert words == ["sh", "-c", "lmcache", "server", "--http-port", "1", "--http-port=2", "--x"]
+    assert flag(words, "--http-port") == "2" and flag(words, "--missing") is None
+    assert flag(["--x"], "--x") is None
