@@ -28,6 +28,8 @@ is exact, not the hull's optimism. Two searches, the better wins:
   two deployments it is exhaustive, so exact on any curves.
 
 Both are monotone in the free capacity, so more capacity never lowers the predicted total.
+Cost: O(n * C) time and memory for n deployments and C units (about 0.1 s for 3 deployments and
+13,531 units); pick units accordingly (blocks, or GiB for a whole array).
 
 Curves are made non-decreasing by a running maximum: an LRU never hits less with more room, so a
 dip is estimation noise. Beyond its last point a curve is flat. Capacity left once nothing gains
