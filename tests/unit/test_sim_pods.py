@@ -104,7 +104,7 @@ async def test_a_pod_replays_the_trace_its_engine_env_names(tmp_path):
     vllm = spec["spec"]["containers"][0]
     handle = await engines(spec, vllm, address())
     try:
-        [running] = handle._parts
+        [running] = handle.parts
         assert await running.replay == 20
         assert engines.server(spec["metadata"]["uid"]).engine.stats.requests == 20
     finally:
@@ -116,16 +116,16 @@ async def test_unknown_containers_get_the_fallback_and_bad_arguments_serve_nothi
 
     async def fallback(pod_, container, host):
         started.append(container["name"])
-        return KvsimEngines(tmp_path)  # anything with stop() would do; never stopped here
+        return "the fallback's engine"
 
     engines = KvsimEngines(tmp_path, fallback=fallback)
     spec = pod()
     sidecar = spec["spec"]["containers"][3]
-    await engines(spec, sidecar, address())
+    assert await engines(spec, sidecar, address()) == "the fallback's engine"
     assert started == ["sidecar"]
     broken = {**spec["spec"]["containers"][2], "args": ["--port", "not-a-number"]}
     handle = await engines(spec, broken, address())
-    assert handle._parts == []
+    assert handle.parts == []
     await handle.stop()
     assert engines.server(spec["metadata"]["uid"]) is None
 
@@ -148,3 +148,43 @@ def test_flags_and_command_lines():
     assert words == ["sh", "-c", "lmcache", "server", "--http-port", "1", "--http-port=2", "--x"]
     assert flag(words, "--http-port") == "2" and flag(words, "--missing") is None
     assert flag(["--x"], "--x") is None
+
+
+async def test_the_rendered_example_replica_runs_under_kvsim():
+    from kvtier.api.documents import read_documents
+    from kvtier.render.offline import render_documents
+    from kvtier.sim.pods import kvsim_engine
+    from kvtier.sim.server import GB
+
+    rendered = render_documents(read_documents([str(ROOT / "manifests" / "examples")]))
+    template = next(o for o in rendered.objects if o["kind"] == "StatefulSet")["spec"]["template"]
+    replica = {"metadata": {**template["metadata"], "name": "replica-0", "uid": str(uuid.uuid4())},
+               "spec": template["spec"]}
+    names = [c["name"] for c in replica["spec"]["containers"]]
+    assert names == ["vllm", "lmcache", "kvtier-probe"]
+    host = address()
+    handles = [await kvsim_engine(replica, container, host) for container in replica["spec"]["containers"]]
+    server = kvsim_engine.server(replica["metadata"]["uid"])
+    try:
+        # One block is one LMCache chunk of the rendered server: --chunk-size tokens, L2 slot_bytes.
+        assert server.params.block_tokens == 256 and server.params.block_bytes == 65011712
+        async with aiohttp.ClientSession() as http:
+            for port, path in ((8000, "/health"), (8080, "/healthcheck"), (9090, "/metrics"), (9400, "/health")):
+                async with http.get(f"http://{host}:{port}{path}") as reply:
+                    assert reply.status == 200, (port, path)
+            async with http.put(f"http://{host}:8080/quota/_default", json={"limit_gb": 10}) as reply:
+                assert reply.status == 200
+            assert server.pool.quota("") == 10 * GB // 65011712
+            prompt = " ".join(f"t{i}" for i in range(1000))
+            for _ in range(2):
+                async with http.post(f"http://{host}:8000/v1/completions", json={"prompt": prompt}) as reply:
+                    assert (await reply.json())["model"] == "coder"
+            async with http.get(f"http://{host}:9400/metrics") as reply:
+                probe = families(await reply.text())
+    finally:
+        for handle in handles:
+            await handle.stop()
+    assert total(probe["kvtier_probe_lookups"]) == 2
+    in_bytes = {float(s.labels["le"]): s.value for s in probe["kvtier_probe_stack_distance_bytes"].samples
+                if s.name.endswith("_bucket")}
+    assert in_bytes[4 * 65011712] == 4  # the repeat's 4 chunks hit a cache of 4 chunks' bytes

@@ -8,33 +8,37 @@ pod with ``(pod, container, address)`` and recognises the container by its comma
 - ``lmcache server ...``: the MP HTTP API on ``--http-port`` (default 8080), the MP metrics on
   ``--prometheus-port`` (if given) and, with ``--lookup-hash-log-dir``, the lookup-hash log with
   the ``--lookup-hash-log-rotation-interval``, ``--lookup-hash-log-rotation-max-size`` (bytes)
-  and ``--lookup-hash-log-max-files`` flags.
+  and ``--lookup-hash-log-max-files`` flags. A simulated block is one LMCache chunk: its
+  ``--chunk-size`` tokens, and ``slot_bytes`` of its ``--l2-adapter`` per chunk, size the engine
+  (so a quota in GB buys the same chunks as on the real server).
 - ``kvtier probe ...``: the real probe (:mod:`kvtier.probe`), parsed by the real command line,
   on the pod's address and its ``--port``.
 
 All containers of one pod (keyed by its uid) share one :class:`~kvtier.sim.server.SimServer`,
 which lives until the pod's last container stops. A path a container names (the log directory)
 is mapped into a per-pod directory through the container's ``volumeMounts``, so two containers
-mounting one emptyDir at different paths see the same files. Anything else gets the
-``fallback`` factory (e.g. the stub engine), or nothing.
+mounting one emptyDir at different paths see the same files. Any other container gets the
+``fallback`` factory (:data:`kvsim_engine`: the stub engine), or nothing.
 
 Simulated load: environment variables of the vLLM container, the same names as the
 ``kvtier sim serve`` options (``KVSIM_`` + option name in upper case; see
 :func:`~kvtier.sim.settings.settings_from_env`): ``KVSIM_TRACE`` (a trace file on the machine
 running the simulator), ``KVSIM_SPEED``, ``KVSIM_TIME_SHIFT``, ``KVSIM_LOOP``,
-``KVSIM_TRACE_SALT``, and sizes such as ``KVSIM_HBM_BLOCKS``. An InferenceDeployment sets them
+``KVSIM_TRACE_SALT``, and sizes such as ``KVSIM_HBM_BLOCKS`` (over the chunk geometry above and
+:data:`~kvtier.sim.settings.SERVE_DEFAULTS`). An InferenceDeployment sets them
 through ``spec.engine.env``; three deployments replaying the same trace with different
 ``KVSIM_TIME_SHIFT`` (or different traces) give shifting loads.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -42,9 +46,11 @@ from typing import Any
 import click
 
 from kvtier.probe.options import ProbeOptions
+from kvtier.sim.engine import EngineParams
 from kvtier.probe.service import start_probe
 from kvtier.sim.server import SimServer, open_lookup_log, start_sim
-from kvtier.sim.settings import settings_from_env
+from kvtier.sim.settings import SERVE_DEFAULTS, settings_from_env
+from kvtier.testing.engines import EngineFactory, stub_engine
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +58,6 @@ Pod = dict[str, Any]
 Container = dict[str, Any]
 
 
-#: ``(pod, container, address)`` -> a started engine with ``async stop()`` (as in ``kvtier.testing.engines``).
-EngineFactory = Callable[[Pod, Container, str], Awaitable[Any]]
 
 
 def command_line(container: Container) -> list[str]:
@@ -107,10 +111,12 @@ class _Handle:
     """One container's share of a pod's simulation."""
 
     def __init__(self, engines: KvsimEngines, uid: str, parts: list[Any]) -> None:
-        self._engines, self._uid, self._parts = engines, uid, parts
+        self._engines, self._uid = engines, uid
+        #: What the container runs: a :class:`~kvtier.sim.server.RunningSim` or a ``RunningProbe`` (or nothing).
+        self.parts = parts
 
     async def stop(self) -> None:
-        parts, self._parts = self._parts, []
+        parts, self.parts = self.parts, []
         for part in parts:
             await part.stop()
         if self._uid:
@@ -184,7 +190,7 @@ class KvsimEngines:
         sim = self._pods.get(uid)
         if sim is None:
             engine = _find(pod, "vllm")
-            params, speed, _ = settings_from_env(_env(engine[0]) if engine else {})
+            params, speed, _ = settings_from_env(_env(engine[0]) if engine else {}, _chunk_geometry(pod))
             model = (flag(engine[1], "--served-model-name") or _positional(engine[1]) or "kvsim") if engine else "kvsim"
             if self._root is None:
                 self._root = Path(tempfile.mkdtemp(prefix="kvsim-"))
@@ -204,6 +210,27 @@ class KvsimEngines:
             for close in sim.closers:
                 close()
             shutil.rmtree(sim.directory, ignore_errors=True)
+
+
+def _chunk_geometry(pod: Pod) -> EngineParams:
+    """Serve defaults with the block size of the pod's LMCache server: ``--chunk-size`` and L2 ``slot_bytes``."""
+    lmcache = _find(pod, "lmcache")
+    if lmcache is None:
+        return SERVE_DEFAULTS
+    words = lmcache[1]
+    chunk = flag(words, "--chunk-size")
+    tokens = int(chunk) if chunk and chunk.isdigit() and int(chunk) > 0 else SERVE_DEFAULTS.block_tokens
+    slot_bytes = 0
+    for index, word in enumerate(words[:-1]):
+        if word == "--l2-adapter":
+            try:
+                slot_bytes = int(json.loads(words[index + 1]).get("slot_bytes") or 0)
+            except (ValueError, TypeError, AttributeError):
+                continue
+            if slot_bytes:
+                break
+    per_token = slot_bytes // tokens if slot_bytes >= tokens else SERVE_DEFAULTS.kv_bytes_per_token
+    return replace(SERVE_DEFAULTS, block_tokens=tokens, kv_bytes_per_token=per_token)
 
 
 def _env(container: Container) -> dict[str, str]:
@@ -230,5 +257,5 @@ def _host_path(directory: Path, container: Container, path: str) -> Path:
     return directory / "containers" / container.get("name", "container") / target.relative_to(target.anchor)
 
 
-#: The default factory (pods' directories under a temporary directory, nothing for other containers).
-kvsim_engine = KvsimEngines()
+#: The default factory: pods' directories under a temporary directory, the stub engine for other containers.
+kvsim_engine = KvsimEngines(fallback=stub_engine)

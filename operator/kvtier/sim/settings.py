@@ -31,10 +31,12 @@ class TraceLoad:
 SERVE_DEFAULTS = EngineParams(hbm_blocks=1024, cpu_blocks=2048)
 
 
-def settings_from_env(env: Mapping[str, str]) -> tuple[EngineParams, float, TraceLoad | None]:
+def settings_from_env(
+    env: Mapping[str, str], base: EngineParams = SERVE_DEFAULTS
+) -> tuple[EngineParams, float, TraceLoad | None]:
     """Engine parameters, clock speed and trace load from ``KVSIM_*`` variables (the ``sim serve`` options).
 
-    ``KVSIM_<ENGINEPARAMS FIELD>`` (e.g. ``KVSIM_HBM_BLOCKS``) over :data:`SERVE_DEFAULTS`,
+    ``KVSIM_<ENGINEPARAMS FIELD>`` (e.g. ``KVSIM_HBM_BLOCKS``) over ``base``,
     ``KVSIM_SPEED``, and for a trace ``KVSIM_TRACE``, ``KVSIM_TIME_SHIFT``, ``KVSIM_LOOP``
     (true/false) and ``KVSIM_TRACE_SALT``. Raises ``ValueError`` for a value of the wrong type.
     """
@@ -43,7 +45,7 @@ def settings_from_env(env: Mapping[str, str]) -> tuple[EngineParams, float, Trac
     for spec in fields(EngineParams):
         if spec.name in values:
             overrides[spec.name] = type(spec.default)(values[spec.name])
-    params = replace(SERVE_DEFAULTS, **overrides)
+    params = replace(base, **overrides)
     speed = float(values.get("speed", 1.0))
     load = None
     if values.get("trace"):
