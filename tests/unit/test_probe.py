@@ -239,3 +239,19 @@ async def test_metrics_endpoint_serves_the_curve_and_counters(tmp_path):
         assert in_bytes.hits_at(capacity * 1000) == curve.hits_at(capacity)
     with pytest.raises(ValueError):
         scraped_hit_curve(page, "kvtier_probe_missing")
+
+
+def test_the_probe_reproduces_the_trace_facts_from_a_whole_log(tmp_path):
+    """shared/traces/README.md: synthetic trace, 43,924 unique blocks, LRU hit ratios."""
+    with open(TRACES / "mooncake_synthetic_trace.jsonl") as lines:
+        requests = [[f"{i:016x}" for i in json.loads(line)["hash_ids"]] for line in lines]
+    write_log(tmp_path, requests, Rotation(max_bytes=1 << 20, max_files=0))
+    probe = make_probe(tmp_path, max_chunks=1 << 16)
+    probe.poll()
+    histogram = probe.demand.window.histogram
+    assert probe.demand.tracked_chunks == 43_924 and histogram.total == 121_877
+    assert histogram.reused / histogram.total == pytest.approx(0.640, abs=0.002)
+    for fraction, ratio in ((0.01, 0.038), (0.05, 0.157), (0.10, 0.262), (0.25, 0.444), (0.50, 0.589)):
+        assert histogram.hit_ratio(int(fraction * 43_924)) == pytest.approx(ratio, abs=0.002)
+    counts, total, _ = probe.demand.buckets()
+    assert counts[-1] == histogram.reused and total == histogram.total
