@@ -22,12 +22,15 @@ def cluster():
     """The cluster end-to-end tests run against: the embedded one, or a real one named by KVTIER_E2E_KUBECONFIG.
 
     Both have `.kubeconfig`, `.kube` (a kvtier.kube.KubeClient) and `.run(coroutine)`; only the
-    embedded one has `.server` (fault injection, request log) and `embedded = True`.
+    embedded one has `.server` (fault injection, request log), `.cluster` (to stop and restart the
+    in-process operator) and `embedded = True`. On a real cluster the operator is the installed one.
     """
+    from kvtier.controllers import OperatorConfig
     from kvtier.testing.cluster import BackgroundCluster, ExternalCluster
 
     external = os.environ.get("KVTIER_E2E_KUBECONFIG")
-    with ExternalCluster(external) if external else BackgroundCluster() as running:
+    operator = OperatorConfig(resync_seconds=1.0)
+    with ExternalCluster(external) if external else BackgroundCluster(operator=operator) as running:
         yield running
 
 

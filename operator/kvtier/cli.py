@@ -115,14 +115,19 @@ def dev() -> None:
 @click.option("--gpus-per-node", type=click.IntRange(0), default=8, show_default=True)
 @click.option("--memory", default="2Ti", show_default=True, help="Allocatable memory per node.")
 @click.option("--cpu", default="128", show_default=True, help="Allocatable CPU per node.")
-def dev_up(kubeconfig: Path, port: int, nodes: int, gpus_per_node: int, memory: str, cpu: str) -> None:
-    """Start the embedded cluster (API server, kvtier CRDs, pod simulator) until Ctrl-C."""
+@click.option("--operator/--no-operator", default=True, show_default=True, help="Run the kvtier operator too.")
+@click.option("--resync-seconds", type=click.FloatRange(min=0.5), default=2.0, show_default=True)
+def dev_up(kubeconfig: Path, port: int, nodes: int, gpus_per_node: int, memory: str, cpu: str, operator: bool,
+           resync_seconds: float) -> None:
+    """Start the embedded cluster (API server, kvtier CRDs, pod simulator, operator) until Ctrl-C."""
     import asyncio
 
+    from kvtier.controllers import OperatorConfig
     from kvtier.testing.cluster import default_nodes, serve_until_signalled
 
     declared = default_nodes(nodes, gpus=gpus_per_node, memory=memory, cpu=cpu)
-    asyncio.run(serve_until_signalled(declared, kubeconfig=kubeconfig, port=port, echo=click.echo))
+    config = OperatorConfig(resync_seconds=resync_seconds) if operator else None
+    asyncio.run(serve_until_signalled(declared, kubeconfig=kubeconfig, port=port, echo=click.echo, operator=config))
 
 
 def _run_until_signalled(start: Callable[[], Awaitable[Any]]) -> None:
@@ -298,3 +303,32 @@ def sim_replay(scenario_path: Path, json_out: Path, markdown_out: Path | None, p
         plot_link = os.path.relpath(plot_out, markdown_out.parent) if plot_out is not None else None
         markdown_out.write_text(to_markdown(scenario, runs, plot_link))
         click.echo(f"wrote {markdown_out}", err=True)
+
+
+@main.command()
+@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, or the in-cluster service account).")
+@click.option("-n", "--namespace", "namespaces", multiple=True,
+              help="Serve InferenceDeployments of this namespace only (repeatable; default: all namespaces).")
+@click.option("--resync-seconds", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
+              help="How often every object is re-reconciled (drift correction, status refresh).")
+@click.option("--lmcache-image", default=None, help="Image of the LMCache MP server container.")
+@click.option("--probe-image", default=None, help="Image of the kvtier-probe sidecar (the kvtier image).")
+@click.option("--pod-monitor", is_flag=True, help="Render a PodMonitor per deployment (Prometheus Operator CRDs).")
+@click.option("--liveness", default=None, help="Serve liveness on this URL, e.g. http://0.0.0.0:8080/healthz.")
+def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: float, lmcache_image: str | None,
+        probe_image: str | None, pod_monitor: bool, liveness: str | None) -> None:
+    """Run the kvtier operator against a cluster until interrupted."""
+    import asyncio
+    import dataclasses
+    import logging
+
+    from kvtier.controllers import OperatorConfig, run_operator
+    from kvtier.render import RenderOptions
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    images = {"lmcache_image": lmcache_image, "probe_image": probe_image}
+    render = dataclasses.replace(RenderOptions(), pod_monitor=pod_monitor,
+                                 **{key: value for key, value in images.items() if value})
+    config = OperatorConfig(kubeconfig=kubeconfig, namespaces=namespaces, resync_seconds=resync_seconds, render=render)
+    asyncio.run(run_operator(config, liveness_endpoint=liveness))

@@ -64,6 +64,7 @@ DEPLOYMENTS = Resource("apps", "v1", "deployments")
 PODDISRUPTIONBUDGETS = Resource("policy", "v1", "poddisruptionbudgets")
 STORAGECLASSES = Resource("storage.k8s.io", "v1", "storageclasses", namespaced=False)
 CUSTOMRESOURCEDEFINITIONS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", namespaced=False)
+PODMONITORS = Resource("monitoring.coreos.com", "v1", "podmonitors")
 KVPOOLS = Resource("kvtier.io", "v1alpha1", "kvpools", namespaced=False)
 INFERENCEDEPLOYMENTS = Resource("kvtier.io", "v1alpha1", "inferencedeployments")
 
@@ -85,6 +86,18 @@ class APIError(Exception):
         return None
 
 
+def load_configuration(path: str | None = None, context: str | None = None) -> k8s_client.Configuration:
+    """Connection settings from a kubeconfig (None: $KUBECONFIG or ~/.kube/config), else the in-cluster account."""
+    configuration = k8s_client.Configuration()
+    try:
+        k8s_config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
+    except k8s_config.ConfigException:
+        if path is not None:
+            raise
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    return configuration
+
+
 @dataclass(frozen=True)
 class Connection:
     server: str
@@ -94,13 +107,7 @@ class Connection:
     @classmethod
     def from_kubeconfig(cls, path: str | None = None, context: str | None = None) -> Connection:
         """From a kubeconfig file (None: $KUBECONFIG or ~/.kube/config), else the in-cluster account."""
-        configuration = k8s_client.Configuration()
-        try:
-            k8s_config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
-        except k8s_config.ConfigException:
-            if path is not None:
-                raise
-            k8s_config.load_incluster_config(client_configuration=configuration)
+        configuration = load_configuration(path, context)
         headers = {}
         token = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
         if token:

@@ -1,5 +1,6 @@
-"""`kvtier dev up`: a usable cluster for a real kubectl, stopped cleanly by Ctrl-C."""
+"""`kvtier dev up`: a usable cluster (with the operator) for a real kubectl, stopped cleanly by Ctrl-C."""
 
+import json
 import signal
 import subprocess
 import sys
@@ -10,28 +11,38 @@ from tests.conftest import EXAMPLES, wait_for
 KUBECTL = Path(sys.executable).parent / "kubectl"
 
 
-def test_dev_up_serves_kubectl_and_stops_on_ctrl_c(tmp_path):
+def test_dev_up_serves_kubectl_runs_the_operator_and_stops_on_ctrl_c(tmp_path):
     kubeconfig = tmp_path / "kubeconfig"
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvtier", "dev", "up", "--kubeconfig", str(kubeconfig), "--nodes", "2"],
+        [sys.executable, "-m", "kvtier", "dev", "up", "--kubeconfig", str(kubeconfig), "--nodes", "2",
+         "--resync-seconds", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
         wait_for(kubeconfig.exists, timeout=30, message="the kubeconfig")
         kubectl = [str(KUBECTL), "--kubeconfig", str(kubeconfig)]
         env = {"HOME": str(tmp_path), "KUBECACHEDIR": str(tmp_path / "cache")}
-        applied = subprocess.run([*kubectl, "apply", "-f", str(EXAMPLES)], capture_output=True, text=True, env=env)
-        assert applied.returncode == 0, applied.stderr
-        listed = subprocess.run([*kubectl, "get", "kvp,infd", "-A"], capture_output=True, text=True, env=env)
-        assert listed.returncode == 0, listed.stderr
-        header_pool, *_ = [line for line in listed.stdout.splitlines() if line.startswith("NAME")]
-        assert "CAPACITY" in header_pool and "fx100-a" in listed.stdout and "90Ti" in listed.stdout
-        assert "coder-480b" in listed.stdout and "WATERMARK" in listed.stdout
-        nodes = subprocess.run([*kubectl, "get", "nodes", "-o", "name"], capture_output=True, text=True, env=env)
-        assert nodes.stdout.split() == ["node/sim-node-0", "node/sim-node-1"]
+
+        def run(*args):
+            result = subprocess.run([*kubectl, *args], capture_output=True, text=True, env=env)
+            assert result.returncode == 0, result.stderr
+            return result.stdout
+
+        run("apply", "-f", str(EXAMPLES))
+        listed = run("get", "kvp,infd", "-A")
+        assert "CAPACITY" in listed and "fx100-a" in listed and "90Ti" in listed
+        assert "coder-480b" in listed and "WATERMARK" in listed
+        assert run("get", "nodes", "-o", "name").split() == ["node/sim-node-0", "node/sim-node-1"]
+
+        def ready():
+            status = json.loads(run("get", "infd", "coder-480b", "-o", "json")).get("status", {})
+            return status.get("readyReplicas") == 2 and status
+        status = wait_for(ready, timeout=60, interval=0.5, message="coder-480b's 2 replicas to be ready")
+        assert status["kv"]["storage"]["quota"] == "4Ti"
+        assert "AllReplicasReady" in run("get", "infd", "coder-480b")
     finally:
         process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=30)
+        output, _ = process.communicate(timeout=60)
     assert process.returncode == 0, output
-    assert "kubeconfig:" in output and output.rstrip().endswith("stopping")
-    assert "Traceback" not in output
+    assert "operator: running" in output and output.rstrip().endswith("stopping"), output
+    assert "Traceback" not in output, output

@@ -71,7 +71,7 @@ CASES = [
     ("no-targets", with_(POOL, spec__storage__nvmeof__targets=[]), "spec.storage.nvmeof.targets", False),
     ("port-out-of-range", with_(POOL, **{"spec.storage.nvmeof.targets[0].port": 70000}),
      "spec.storage.nvmeof.targets[0].port", False),
-    ("queue-size-tiny", with_(POOL, spec__storage__nvmeof__connect__queueSize=2),
+    ("queue-size-tiny", with_(POOL, spec__storage__nvmeof__connect={"queueSize": 2}),
      "spec.storage.nvmeof.connect.queueSize", False),
     ("hostpath-relative", with_(CSI_POOL, spec__storage={"hostPath": {"path": "var/kv"}}),
      "spec.storage.hostPath.path", False),

@@ -38,6 +38,7 @@ def test_storage_bounds_default_to_zero_and_request():
 
 def test_wire_round_trip_keeps_camel_case_and_units():
     body = _load("kvpool.yaml")
+    body["spec"]["storage"]["nvmeof"]["connect"] = {"ctrlLossTmo": 600, "reconnectDelay": 10}
     pool = KVPool.model_validate(body)
     wire = pool.to_wire()
     assert wire["spec"]["capacity"] == "90Ti"

@@ -16,10 +16,12 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from kvtier.api.crd import build_crds
+from kvtier.controllers import OperatorConfig, run_operator
 from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, Connection, KubeClient
 from kvtier.testing.apiserver import APIServer
 from kvtier.testing.engines import EngineFactory, stub_engine
@@ -44,6 +46,7 @@ class EmbeddedCluster:
         engine_factory: EngineFactory = stub_engine,
         install_crds: bool = True,
         validate_builtins: bool = True,
+        operator: OperatorConfig | None = None,
     ):
         self.nodes = default_nodes() if nodes is None else nodes
         self.server = APIServer(port=port, validate_builtins=validate_builtins)
@@ -57,6 +60,10 @@ class EmbeddedCluster:
         self.kube: KubeClient | None = None
         self.simulator: PodSimulator | None = None
         self._simulator_task: asyncio.Task[None] | None = None
+        #: The kvtier operator's settings (its kubeconfig is this cluster's); None: no operator.
+        self.operator = replace(operator, kubeconfig=self.kubeconfig) if operator else None
+        self._operator_task: asyncio.Task[None] | None = None
+        self._operator_stop: asyncio.Event | None = None
 
     async def start(self) -> EmbeddedCluster:
         await self.server.start()
@@ -69,9 +76,34 @@ class EmbeddedCluster:
         self.simulator = PodSimulator(self.kube, self.nodes, engine_factory=self.engine_factory)
         await self.simulator.register_nodes()
         self._simulator_task = asyncio.create_task(self.simulator.run(), name="kvtier-podsim")
+        if self.operator is not None:
+            await self.start_operator()
         return self
 
+    async def start_operator(self) -> None:
+        """Run the kvtier operator in-process against this cluster; returns once it is ready."""
+        assert self.operator is not None and self._operator_task is None
+        self._operator_stop, ready = asyncio.Event(), asyncio.Event()
+        self._operator_task = asyncio.create_task(
+            run_operator(self.operator, stop_flag=self._operator_stop, ready_flag=ready), name="kvtier-operator"
+        )
+        await asyncio.wait_for(ready.wait(), timeout=60)
+
+    async def stop_operator(self, *, crash: bool = False) -> None:
+        """Stop the operator: gracefully, or (`crash`) by cancelling it wherever it is, like a killed process."""
+        if self._operator_task is None:
+            return
+        if crash:
+            self._operator_task.cancel()
+        else:
+            assert self._operator_stop is not None
+            self._operator_stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(self._operator_task, timeout=30)
+        self._operator_task = None
+
     async def stop(self) -> None:
+        await self.stop_operator()
         if self._simulator_task is not None:
             self._simulator_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -178,20 +210,21 @@ class ExternalCluster(_LoopThread):
 
 
 async def serve_until_signalled(
-    nodes: list[NodeSpec], *, kubeconfig: Path, port: int = 0, echo: Callable[[str], None] = print
+    nodes: list[NodeSpec], *, kubeconfig: Path, port: int = 0, echo: Callable[[str], None] = print,
+    operator: OperatorConfig | None = None,
 ) -> None:
-    """`kvtier dev up`: run an embedded cluster until SIGINT or SIGTERM, saying how to use it."""
+    """`kvtier dev up`: run an embedded cluster (and the operator) until SIGINT or SIGTERM, saying how to use it."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    async with EmbeddedCluster(nodes, kubeconfig=kubeconfig, port=port) as cluster:
+    async with EmbeddedCluster(nodes, kubeconfig=kubeconfig, port=port, operator=operator) as cluster:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):  # after the operator's own handlers: ours stop everything
+            loop.add_signal_handler(signum, stop.set)
         gpus = sum(node.gpus for node in nodes)
         echo(f"kvtier embedded cluster: API server {cluster.server.url}, {len(nodes)} simulated nodes ({gpus} GPUs)")
+        echo(f"  operator: {'running' if operator else 'not started'}")
         echo(f"  kubeconfig: {kubeconfig}")
         echo(f"  try:  kubectl --kubeconfig {kubeconfig} apply -f manifests/examples/")
         echo(f"        kubectl --kubeconfig {kubeconfig} get kvp,infd,pods")
-        echo("  the kvtier controllers do not run here yet: resources are stored and validated, not reconciled")
         echo("  Ctrl-C stops the cluster")
         await stop.wait()
         echo("stopping")

@@ -3,7 +3,8 @@
 Custom resources get a Name column followed by their CRD's `additionalPrinterColumns` (or Name
 and Age when the CRD declares none); built-ins get the columns of :mod:`.printers` (Name and Age
 for kinds it does not list).  Column JSONPaths support the simple forms CRDs use (`.a.b`,
-`.a[0].b`, `.a['k.x']`, optionally wrapped in `{}`); `date` columns are rendered as ages like the
+`.a[0].b`, `.a['k.x']`, a filter `.a[?(@.type=="Ready")].b` taking the first match, optionally
+wrapped in `{}`); `date` columns are rendered as ages like the
 real server (`5s`, `3m20s`, `2d4h`).
 """
 
@@ -22,7 +23,8 @@ _NAME_COLUMN = {
     "description": "Name must be unique within a namespace.",
 }
 
-_SEGMENT = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]|\['([^']*)'\]|\[\"([^\"]*)\"\]")
+_SEGMENT = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]|\['([^']*)'\]|\[\"([^\"]*)\"\]"
+                      r"|\[\?\(@\.([A-Za-z0-9_]+)\s*==\s*(?:\"([^\"]*)\"|'([^']*)')\)\]")
 
 
 def jsonpath(obj: Any, path: str) -> Any:
@@ -36,9 +38,13 @@ def jsonpath(obj: Any, path: str) -> Any:
         if not m:
             return None
         pos = m.end()
-        name, index, quoted, dquoted = m.groups()
+        name, index, quoted, dquoted, field, wanted, swanted = m.groups()
         key = name if name is not None else (quoted if quoted is not None else dquoted)
-        if key is not None:
+        if field is not None:  # a filter, `[?(@.type=="Ready")]`: the first matching element
+            value = wanted if wanted is not None else swanted
+            obj = next((item for item in obj if isinstance(item, dict) and str(item.get(field)) == value), None) \
+                if isinstance(obj, list) else None
+        elif key is not None:
             obj = obj.get(key) if isinstance(obj, dict) else None
         else:
             i = int(index)

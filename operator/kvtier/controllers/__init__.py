@@ -1,0 +1,43 @@
+"""Thin kopf handlers, one module per kind, registered into a registry per operator run."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import kopf
+
+from kvtier.controllers import inferencedeployments, kvpools, runtime
+from kvtier.controllers.runtime import OperatorConfig
+
+
+def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    runtime.register(registry, config)
+    kvpools.register(registry, config)
+    inferencedeployments.register(registry, config)
+    return registry
+
+
+async def run_operator(
+    config: OperatorConfig,
+    *,
+    stop_flag: asyncio.Event | threading.Event | None = None,
+    ready_flag: asyncio.Event | threading.Event | None = None,
+    liveness_endpoint: str | None = None,
+) -> None:
+    """Run the operator until `stop_flag` is set (or a signal, in the main thread)."""
+    scope: dict[str, Any] = {"namespaces": config.namespaces} if config.namespaces else {"clusterwide": True}
+    await kopf.operator(
+        registry=build_registry(config),
+        standalone=True,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+        liveness_endpoint=liveness_endpoint,
+        memo=kopf.Memo(),
+        **scope,
+    )
+
+
+__all__ = ["OperatorConfig", "build_registry", "run_operator"]

@@ -1,0 +1,268 @@
+"""InferenceDeployment controller: storage admission, fit check, children by server-side apply, status.
+
+One level-based `reconcile` runs on create, spec update, resume and every resync period, so a
+deleted or edited child comes back and status follows the pods. Its steps, each of which may stop
+the pass with a condition saying why: parse -> claim storage from the pool ledger (written
+before anything is actuated) -> check that a replica fits a node -> render -> apply and prune ->
+apply each running replica's storage quota (opens its readiness gate) -> status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+import kopf
+
+from kvtier.api.inferencedeployment import InferenceDeployment
+from kvtier.api.kvpool import KVPool, KVPoolStatus
+from kvtier.api.units import format_quantity
+from kvtier.controllers.conditions import set_condition
+from kvtier.controllers.events import post_transitions
+from kvtier.controllers.kvpools import PoolGone, update_pool_status
+from kvtier.controllers.runtime import FIELD_MANAGER, InvalidSpec, OperatorConfig, api_errors, parse
+from kvtier.kube import (
+    CONFIGMAPS,
+    INFERENCEDEPLOYMENTS,
+    KVPOOLS,
+    PERSISTENT_VOLUME_CLAIMS,
+    PERSISTENT_VOLUMES,
+    PODDISRUPTIONBUDGETS,
+    PODMONITORS,
+    PODS,
+    SERVICES,
+    STATEFULSETS,
+    KubeClient,
+    Resource,
+)
+from kvtier.rebalance.actuator import apply_quotas
+from kvtier.render import (
+    DEPLOYMENT_LABEL,
+    NodeResources,
+    RenderError,
+    StorageBinding,
+    check_fit,
+    render_deployment,
+    selector,
+)
+from kvtier.render.meta import DEPLOYMENT_NAMESPACE_LABEL
+from kvtier.storage.ledger import Claim, Decision, admit, release
+
+DEPLOYMENT = ("kvtier.io", "v1alpha1", "inferencedeployments")
+#: Every kind an InferenceDeployment owns, by `kind`: applied, and pruned when no longer rendered.
+CHILD_RESOURCES: dict[str, Resource] = {
+    "ConfigMap": CONFIGMAPS,
+    "Service": SERVICES,
+    "StatefulSet": STATEFULSETS,
+    "PodDisruptionBudget": PODDISRUPTIONBUDGETS,
+    "PodMonitor": PODMONITORS,
+    "PersistentVolume": PERSISTENT_VOLUMES,
+}
+
+
+class Stop(Exception):
+    """Ends a pass early: the conditions set so far say why (not an error of the operator)."""
+
+
+class Pass:
+    """One reconcile pass over one InferenceDeployment: its conditions and status as they are computed."""
+
+    def __init__(self, body: kopf.Body):
+        self.body = body
+        self.generation = body.metadata.get("generation")
+        self.before: list[dict[str, Any]] = list((body.get("status") or {}).get("conditions", []))
+        self.conditions = list(self.before)
+        self.status: dict[str, Any] = {"observedGeneration": self.generation}
+
+    def condition(self, kind: str, status: str, reason: str, message: str = "") -> None:
+        self.conditions = set_condition(self.conditions, kind, status, reason, message, self.generation)  # type: ignore[arg-type]
+
+    def stop(self, reason: str, message: str, *, degraded: bool = True) -> Stop:
+        """Not ready, for `reason`; a spec or cluster problem (degraded) or a wait."""
+        self.condition("Ready", "False", reason, message)
+        if degraded:
+            self.condition("Degraded", "True", reason, message)
+        return Stop(message)
+
+    async def write(self, kube: KubeClient) -> None:
+        meta = self.body.metadata
+        await kube.patch(INFERENCEDEPLOYMENTS, meta.namespace, meta.name,
+                         {"status": {**self.status, "conditions": self.conditions}}, subresource="status")
+        await post_transitions(kube, self.body, self.before, self.conditions)
+
+
+def _created(body: kopf.Body) -> datetime:
+    return datetime.fromisoformat(body.metadata["creationTimestamp"].replace("Z", "+00:00"))
+
+
+async def claim_storage(kube: KubeClient, deployment: InferenceDeployment, body: kopf.Body, step: Pass
+                        ) -> tuple[KVPool, Decision]:
+    """Admit the deployment into its pool's ledger (compare-and-swap on the pool's status)."""
+    storage = deployment.spec.kv_cache.storage
+    assert storage is not None
+    decision: Decision | None = None
+
+    def change(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
+        nonlocal decision
+        decision = admit(pool, status, Claim.of(deployment, _created(body)))
+        return decision.status
+
+    try:
+        pool, _ = await update_pool_status(kube, storage.pool_ref, change)
+    except PoolGone:
+        step.condition("StorageBound", "False", "PoolNotFound", f"KVPool {storage.pool_ref} does not exist")
+        raise step.stop("PoolNotFound", f"KVPool {storage.pool_ref} does not exist (spec.kvCache.storage.poolRef)")
+    except InvalidSpec as error:
+        step.condition("StorageBound", "False", "PoolInvalid", f"KVPool {storage.pool_ref}: {error}")
+        raise step.stop("PoolInvalid", f"KVPool {storage.pool_ref} is invalid: {error}") from None
+    assert decision is not None
+    return pool, decision
+
+
+def _binding(pool: KVPool, decision: Decision) -> StorageBinding:
+    assert decision.allocation is not None
+    inventory = {ns.uuid: ns for ns in (pool.spec.storage.nvmeof.namespaces if pool.spec.storage.nvmeof else [])}
+    return StorageBinding(quota=decision.allocation.quota,
+                          namespaces=tuple(inventory[uuid] for uuid in decision.allocation.volumes))
+
+
+async def apply_children(kube: KubeClient, children: list[dict[str, Any]]) -> None:
+    # Volumes first, so claims find them; then the rest in render order.
+    for child in sorted(children, key=lambda c: c["kind"] != "PersistentVolume"):
+        await kube.apply(CHILD_RESOURCES[child["kind"]], child, field_manager=FIELD_MANAGER)
+
+
+async def prune_children(kube: KubeClient, deployment: InferenceDeployment, children: Iterable[dict[str, Any]],
+                         kinds: Iterable[str]) -> None:
+    """Delete children of this deployment that the current spec no longer renders."""
+    wanted = {(c["kind"], c["metadata"]["name"]) for c in children}
+    name, namespace = deployment.metadata.name, deployment.metadata.namespace
+    for kind in kinds:
+        resource = CHILD_RESOURCES[kind]
+        if resource.namespaced:
+            found = await kube.list(resource, namespace, label_selector=f"{DEPLOYMENT_LABEL}={name}")
+        else:
+            found = await kube.list(resource, label_selector=f"{DEPLOYMENT_LABEL}={name},"
+                                                             f"{DEPLOYMENT_NAMESPACE_LABEL}={namespace}")
+        for item in found.get("items", []):
+            if (kind, item["metadata"]["name"]) not in wanted:
+                await kube.delete(resource, item["metadata"].get("namespace"), item["metadata"]["name"])
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    @kopf.index("", "v1", "nodes", id="nodes", registry=registry)
+    def nodes(body: kopf.Body, **_: Any) -> dict[None, NodeResources]:
+        return {None: NodeResources.from_node(body)}
+
+    @kopf.on.startup(id="open-http", registry=registry)
+    async def open_http(memo: kopf.Memo, **_: Any) -> None:
+        memo.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=config.quota_timeout_seconds))
+
+    @kopf.on.cleanup(id="close-http", registry=registry)
+    async def close_http(memo: kopf.Memo, **_: Any) -> None:
+        await memo.http.close()
+
+    async def reconcile(body: kopf.Body, memo: kopf.Memo, nodes: kopf.Index, **_: Any) -> None:
+        kube: KubeClient = memo.kube
+        step = Pass(body)
+        try:
+            with api_errors():
+                await _reconcile(kube, memo.http, config, body, list(nodes.get(None, [])), step)
+        except Stop:
+            pass
+        except InvalidSpec as error:
+            step.stop("InvalidSpec", str(error))
+            with api_errors():
+                await step.write(kube)
+            raise
+        with api_errors():
+            await step.write(kube)
+
+    kopf.on.resume(*DEPLOYMENT, id="reconcile", registry=registry)(reconcile)
+    kopf.on.create(*DEPLOYMENT, id="reconcile", registry=registry)(reconcile)
+    kopf.on.update(*DEPLOYMENT, id="reconcile", field="spec", registry=registry)(reconcile)
+    kopf.timer(*DEPLOYMENT, id="resync", interval=config.resync_seconds, registry=registry)(reconcile)
+
+    @kopf.on.delete(*DEPLOYMENT, id="release-storage", registry=registry)
+    async def release_storage(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        """Volumes go back to the pool only once the deployment is gone: claims, static volumes, ledger entry."""
+        kube: KubeClient = memo.kube
+        name, namespace = body.metadata.name, body.metadata.namespace
+        with api_errors():
+            claims = await kube.list(PERSISTENT_VOLUME_CLAIMS, namespace, label_selector=f"{DEPLOYMENT_LABEL}={name}")
+            for claim in claims.get("items", []):
+                await kube.delete(PERSISTENT_VOLUME_CLAIMS, namespace, claim["metadata"]["name"])
+            volumes = await kube.list(PERSISTENT_VOLUMES, label_selector=f"{DEPLOYMENT_LABEL}={name},"
+                                                                          f"{DEPLOYMENT_NAMESPACE_LABEL}={namespace}")
+            for volume in volumes.get("items", []):
+                await kube.delete(PERSISTENT_VOLUMES, None, volume["metadata"]["name"])
+            pool_ref = (((body.get("spec") or {}).get("kvCache") or {}).get("storage") or {}).get("poolRef")
+            if pool_ref:
+                try:
+                    await update_pool_status(kube, pool_ref, lambda pool, status: release(pool, status, body.metadata.uid))
+                except (PoolGone, InvalidSpec):
+                    pass
+
+
+async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: OperatorConfig, body: kopf.Body,
+                     nodes: list[NodeResources], step: Pass) -> None:
+    deployment = parse(InferenceDeployment, body)
+    name, namespace = body.metadata.name, body.metadata.namespace
+    step.status["selector"] = selector(deployment)
+    pool: KVPool | None = None
+    binding: StorageBinding | None = None
+    rendered = deployment
+    storage = deployment.spec.kv_cache.storage
+    if storage is not None:
+        pool, decision = await claim_storage(kube, deployment, body, step)
+        if decision.allocation is None:
+            step.condition("StorageBound", "False", decision.reason, decision.message)
+            raise step.stop(decision.reason, decision.message, degraded=False)
+        allocation = decision.allocation
+        bound = "True" if allocation.replicas == deployment.spec.replicas else "False"
+        step.condition("StorageBound", bound, decision.reason if bound == "False" else "Bound", decision.message)
+        binding = _binding(pool, decision)
+        rendered = deployment.model_copy(update={"spec": deployment.spec.model_copy(update={"replicas": allocation.replicas})})
+        step.status["kv"] = {"storage": {"quota": format_quantity(allocation.quota)}}
+    reasons = check_fit(deployment, nodes, config.render, pool) if nodes else ["no nodes are known yet"]
+    if reasons:
+        raise step.stop("DoesNotFit", "; ".join(reasons))
+    try:
+        children = render_deployment(rendered, pool, config.render, binding)
+    except RenderError as error:
+        where = f"{error.field}: " if error.field else ""
+        raise step.stop(error.reason, f"{where}{error}") from None
+    await apply_children(kube, children)
+    kinds = [kind for kind in CHILD_RESOURCES if kind != "PodMonitor" or config.render.pod_monitor]
+    await prune_children(kube, deployment, children, kinds)
+    if storage is not None and binding is not None and deployment.spec.kv_cache.mode == "LMCacheMP":
+        pods = await kube.list(PODS, namespace, label_selector=selector(deployment))
+        results = await apply_quotas(kube, http, pods.get("items", []), binding.quota, config.render.lmcache_http_port)
+        failed = [f"{r.pod}: {r.detail}" for r in results if not r.applied and r.detail != "not running yet"]
+        if failed:
+            step.condition("Degraded", "True", "QuotaNotApplied", "; ".join(failed))
+            raise step.stop("QuotaNotApplied", "; ".join(failed))
+    await _workload_status(kube, deployment, name, namespace, step)
+
+
+async def _workload_status(kube: KubeClient, deployment: InferenceDeployment, name: str, namespace: str,
+                           step: Pass) -> None:
+    statefulset = await kube.get_or_none(STATEFULSETS, namespace, name) or {}
+    observed = statefulset.get("status") or {}
+    desired = deployment.spec.replicas
+    replicas, ready = observed.get("replicas", 0), observed.get("readyReplicas", 0)
+    updated = observed.get("updatedReplicas", 0)
+    step.status.update(replicas=replicas, readyReplicas=ready)
+    stale = observed.get("observedGeneration", 0) < statefulset.get("metadata", {}).get("generation", 0)
+    if stale or updated < replicas or replicas != desired:
+        step.condition("Progressing", "True", "RollingOut",
+                       f"{updated}/{desired} replicas updated, {replicas} running")
+    else:
+        step.condition("Progressing", "False", "Stable", f"{desired} replicas on the current spec")
+    step.condition("Degraded", "False", "AsExpected")
+    if ready >= desired and not stale:
+        step.condition("Ready", "True", "AllReplicasReady" if desired else "ScaledToZero", f"{ready}/{desired} replicas ready")
+    else:
+        step.condition("Ready", "False", "ReplicasNotReady", f"{ready}/{desired} replicas ready")

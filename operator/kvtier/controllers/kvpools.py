@@ -1,0 +1,146 @@
+"""KVPool controller: the pool's status (ledger summary, conditions) and its deletion guard.
+
+The ledger itself (`status.allocations`, `status.waiting`) is changed by whoever needs it —
+admission in the InferenceDeployment controller, the rebalancer — always through
+`update_pool_status`, a compare-and-swap on the status' `resourceVersion`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+
+from kvtier.api.kvpool import KVPool, KVPoolStatus
+from kvtier.api.units import format_quantity
+from kvtier.controllers.conditions import set_condition
+from kvtier.controllers.events import post_transitions
+from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, api_errors, parse
+from kvtier.kube import KVPOOLS, APIError, KubeClient
+from kvtier.storage import NVMeoFBackend, backend_for
+from kvtier.storage.ledger import allocated, summarise
+
+POOL = ("kvtier.io", "v1alpha1", "kvpools")
+DEPLOYMENTS = ("kvtier.io", "v1alpha1", "inferencedeployments")
+CAS_ATTEMPTS = 5
+
+
+class PoolGone(Exception):
+    """The KVPool does not exist (any more)."""
+
+
+async def update_pool_status(
+    kube: KubeClient, name: str, change: Callable[[KVPool, KVPoolStatus], KVPoolStatus]
+) -> tuple[KVPool, KVPoolStatus]:
+    """Read the pool, apply `change` to its status, write it back only if nobody wrote in between.
+
+    Retries a few lost races at once; after that the conflict goes to kopf as a temporary error.
+    """
+    for attempt in range(CAS_ATTEMPTS):
+        body = await kube.get_or_none(KVPOOLS, None, name)
+        if body is None:
+            raise PoolGone(name)
+        pool = parse(KVPool, body)
+        current = pool.status or KVPoolStatus()
+        new = change(pool, current)
+        if new == current:
+            return pool, current
+        body["status"] = new.to_wire()
+        try:
+            await kube.replace(KVPOOLS, body, subresource="status")
+            return pool, new
+        except APIError as error:
+            if error.status != 409 or attempt == CAS_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None) -> list[dict[str, Any]]:
+    """Ready, OverCommitted and Degraded, from the spec and the ledger."""
+    conditions = [c.to_wire() for c in status.conditions]
+    used = allocated(status)
+    problems = []
+    backend = backend_for(pool)
+    if isinstance(backend, NVMeoFBackend):
+        ignored = backend.unsupported_options()
+        if ignored:
+            problems.append(f"driver {backend.spec.driver} ignores: {'; '.join(ignored)}")
+        inventory = sum(ns.size for ns in backend.spec.namespaces)
+        if inventory < pool.spec.capacity:
+            problems.append(f"capacity {format_quantity(pool.spec.capacity)} exceeds the namespaces' "
+                            f"{format_quantity(inventory)}")
+    if used > pool.spec.capacity:
+        conditions = set_condition(conditions, "OverCommitted", "True", "CapacityReduced",
+                                   f"allocated {format_quantity(used)} exceeds capacity "
+                                   f"{format_quantity(pool.spec.capacity)}; no new admissions until it fits",
+                                   generation)
+    else:
+        conditions = set_condition(conditions, "OverCommitted", "False", "WithinCapacity",
+                                   f"{format_quantity(used)} of {format_quantity(pool.spec.capacity)} allocated",
+                                   generation)
+    if problems:
+        conditions = set_condition(conditions, "Degraded", "True", "StorageLimitations", "; ".join(problems), generation)
+    else:
+        conditions = set_condition(conditions, "Degraded", "False", "AsExpected", "", generation)
+    waiting = f", {len(status.waiting)} waiting" if status.waiting else ""
+    return set_condition(conditions, "Ready", "True", "Available",
+                         f"{len(status.allocations)} deployment(s) hold {format_quantity(used)}{waiting}", generation)
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    @kopf.index(*DEPLOYMENTS, id="deployment_uids", registry=registry)
+    def deployment_uids(body: kopf.Body, **_: Any) -> dict[str, None]:
+        return {body.metadata.uid: None}
+
+    async def reconcile(body: kopf.Body, memo: kopf.Memo, deployment_uids: kopf.Index, **_: Any) -> None:
+        generation = body.metadata.get("generation")
+        try:
+            parse(KVPool, body)
+        except InvalidSpec as error:
+            conditions = set_condition(list(body.get("status", {}).get("conditions", [])), "Ready", "False",
+                                       "InvalidSpec", str(error), generation)
+            with api_errors():
+                await memo.kube.patch(KVPOOLS, None, body.metadata.name,
+                                      {"status": {"conditions": conditions}}, subresource="status")
+            await post_transitions(memo.kube, body, list(body.get("status", {}).get("conditions", [])), conditions)
+            raise
+
+        def refresh(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
+            # Entries of deployments that no longer exist (deleted while the operator was down) are dropped.
+            alive = set(deployment_uids)
+            status = status.model_copy(update={
+                "allocations": [a for a in status.allocations if a.uid in alive],
+                "waiting": [w for w in status.waiting if w.uid in alive],
+                "observed_generation": generation,
+            })
+            status = summarise(pool, status)
+            conditions = pool_conditions(pool, status, generation)
+            return status.model_validate({**status.to_wire(), "conditions": conditions})
+
+        before = list(body.get("status", {}).get("conditions", []))
+        with api_errors():
+            try:
+                _, status = await update_pool_status(memo.kube, body.metadata.name, refresh)
+            except PoolGone:
+                return
+        await post_transitions(memo.kube, body, before, [c.to_wire() for c in status.conditions])
+
+    kopf.on.resume(*POOL, id="reconcile", registry=registry)(reconcile)
+    kopf.on.create(*POOL, id="reconcile", registry=registry)(reconcile)
+    kopf.on.update(*POOL, id="reconcile", field="spec", registry=registry)(reconcile)
+    kopf.timer(*POOL, id="resync", interval=config.resync_seconds, registry=registry)(reconcile)
+
+    @kopf.on.delete(*POOL, id="held-while-used", registry=registry)
+    async def held_while_used(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        status = KVPoolStatus.model_validate(body.get("status") or {})
+        users = [f"{a.namespace}/{a.name}" for a in status.allocations] + [f"{w.namespace}/{w.name}" for w in status.waiting]
+        if not users:
+            return
+        message = f"deletion waits for {len(users)} InferenceDeployment(s) using the pool: {', '.join(users[:5])}"
+        conditions = set_condition(list(body.get("status", {}).get("conditions", [])), "Ready", "False",
+                                   "Terminating", message, body.metadata.get("generation"))
+        with api_errors():
+            await memo.kube.patch(KVPOOLS, None, body.metadata.name, {"status": {"conditions": conditions}},
+                                  subresource="status")
+        raise kopf.TemporaryError(message, delay=config.resync_seconds)

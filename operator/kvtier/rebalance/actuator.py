@@ -1,0 +1,100 @@
+"""Applying a replica's storage quota on its LMCache MP server, and opening its readiness gate.
+
+`PUT /quota/_default {"limit_gb": x}` sets the limit of requests that carry no `cache_salt`
+(under IsolatedLRU a salt without a quota gets no L2 at all); a `GET` confirms it. Only then is
+the pod's `kvtier.io/kv-quota-applied` condition set, so a replica takes traffic only with its
+tier in place. Every call is idempotent: the controller repeats them each resync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from kvtier.api.units import gib
+from kvtier.kube import PODS, APIError, KubeClient
+from kvtier.render import QUOTA_GATE
+
+DEFAULT_SALT = "_default"
+#: Quotas are compared at this precision (LMCache keeps `limit_gb` as a float).
+GIB_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class QuotaResult:
+    pod: str
+    applied: bool
+    detail: str
+
+
+def _container_ready(pod: dict[str, Any], name: str) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses", [])
+    return any(s.get("name") == name and s.get("ready") for s in statuses)
+
+
+def _gate_open(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions", [])
+    return any(c.get("type") == QUOTA_GATE and c.get("status") == "True" for c in conditions)
+
+
+async def set_quota(http: aiohttp.ClientSession, address: str, port: int, quota_bytes: int) -> str | None:
+    """Set and verify one server's `_default` quota; None on success, else what went wrong."""
+    url = f"http://{address}:{port}/quota/{DEFAULT_SALT}"
+    limit = gib(quota_bytes)
+    try:
+        async with http.get(url) as reply:
+            current = await reply.json() if reply.status == 200 else {}
+        if current.get("exists") and abs(float(current.get("limit_gb", -1)) - limit) < GIB_TOLERANCE:
+            return None
+        async with http.put(url, json={"limit_gb": limit}) as reply:
+            if reply.status >= 300:
+                return f"PUT {url}: HTTP {reply.status} {(await reply.text())[:200]}"
+        async with http.get(url) as reply:
+            confirmed = await reply.json()
+        if abs(float(confirmed.get("limit_gb", -1)) - limit) >= GIB_TOLERANCE:
+            return f"GET {url} reads limit_gb={confirmed.get('limit_gb')} after setting {limit}"
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
+        return f"{url}: {error or type(error).__name__}"
+    return None
+
+
+async def open_gate(kube: KubeClient, pod: dict[str, Any], message: str) -> None:
+    """Set the pod's quota readiness condition (a conditional write: a newer pod status wins)."""
+    status = dict(pod.get("status") or {})
+    conditions = [c for c in status.get("conditions", []) if c.get("type") != QUOTA_GATE]
+    conditions.append({"type": QUOTA_GATE, "status": "True", "reason": "QuotaApplied", "message": message,
+                       "lastTransitionTime": status.get("startTime") or pod["metadata"]["creationTimestamp"]})
+    await kube.replace(PODS, {**pod, "status": {**status, "conditions": conditions}}, subresource="status")
+
+
+async def apply_quotas(
+    kube: KubeClient,
+    http: aiohttp.ClientSession,
+    pods: list[dict[str, Any]],
+    quota_bytes: int,
+    port: int,
+    container: str = "lmcache",
+) -> list[QuotaResult]:
+    """Bring every running replica to `quota_bytes` and open its gate; replicas not up yet are skipped."""
+
+    async def one(pod: dict[str, Any]) -> QuotaResult:
+        name = pod["metadata"]["name"]
+        address = (pod.get("status") or {}).get("podIP")
+        if not address or not _container_ready(pod, container) or pod["metadata"].get("deletionTimestamp"):
+            return QuotaResult(name, False, "not running yet")
+        problem = await set_quota(http, address, port, quota_bytes)
+        if problem:
+            return QuotaResult(name, False, problem)
+        if not _gate_open(pod):
+            try:
+                await open_gate(kube, pod, f"limit_gb={gib(quota_bytes):g} on {DEFAULT_SALT}")
+            except APIError as error:
+                if error.status not in (404, 409):  # gone, or changed meanwhile: the next resync retries
+                    raise
+                return QuotaResult(name, False, f"pod changed while opening the gate ({error.status})")
+        return QuotaResult(name, True, "")
+
+    return list(await asyncio.gather(*(one(pod) for pod in pods)))
