@@ -68,10 +68,13 @@ class Probe:
             await asyncio.sleep(self.poll_seconds)
 
     def _safe_poll(self) -> None:
+        """Poll; a failure is logged and the probe keeps serving what it has."""
         try:
             self.poll()
-        except OSError as error:  # an unreadable directory or file: report, keep serving
+        except OSError as error:
             log.warning("cannot read the lookup-hash log in %s: %s", self.tailer.directory, error)
+        except Exception:  # noqa: BLE001 - a sidecar must not die of one bad read
+            log.exception("reading the lookup-hash log in %s failed", self.tailer.directory)
 
 
 class RunningProbe:

@@ -7,4 +7,8 @@
 - ``engine``: one replica (:class:`Engine`): HBM -> CPU -> storage tiers, TTFT, watermark, counters.
 - ``replay``: many tenants' traces merged in virtual time through engines sharing one pool, with hooks.
 - ``scenario``: the replay scenario file format; ``policies``: how a policy divides the pool.
+- ``server``: ``kvtier sim serve``, one engine in (scaled) real time behind vLLM's and LMCache MP's
+  HTTP faces (metrics, quota API), writing ``lookuplog`` (LMCache's lookup-hash log); ``settings``:
+  its sizes, speed and self-replayed trace (options, or ``KVSIM_*`` variables).
+- ``pods``: ``kvsim_engine``, the embedded cluster's engine factory (vllm, lmcache and probe containers).
 """
