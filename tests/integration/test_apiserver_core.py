@@ -172,6 +172,30 @@ def test_cluster_scoped_resources(api, widgets):
     assert api.get("/api/v1/configmaps/x")[0] == 404
 
 
+def test_builtin_defaults_and_service_ips(api):
+    svc = api.ok("POST", "/api/v1/namespaces/default/services",
+                 {"metadata": {"name": "s"}, "spec": {"selector": {"app": "a"}, "ports": [{"port": 80}]}})
+    assert svc["spec"]["type"] == "ClusterIP" and svc["spec"]["clusterIP"].startswith("10.96.")
+    assert svc["spec"]["clusterIPs"] == [svc["spec"]["clusterIP"]]
+    assert svc["spec"]["ports"] == [{"port": 80, "protocol": "TCP", "targetPort": 80}]
+    other = api.ok("POST", "/api/v1/namespaces/default/services", {"metadata": {"name": "t"}, "spec": {"ports": [{"port": 1}]}})
+    assert other["spec"]["clusterIP"] != svc["spec"]["clusterIP"]
+    replaced = api.ok("PUT", "/api/v1/namespaces/default/services/s",
+                      {"metadata": {"name": "s"}, "spec": {"ports": [{"port": 81}]}})
+    assert replaced["spec"]["clusterIP"] == svc["spec"]["clusterIP"]  # allocated once
+    sts = api.ok("POST", "/apis/apps/v1/namespaces/default/statefulsets", {
+        "metadata": {"name": "db"},
+        "spec": {"serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+                 "template": {"metadata": {"labels": {"app": "db"}},
+                              "spec": {"containers": [{"name": "db", "image": "db"}, {"name": "x", "image": "x:1.0"}]}}}})
+    spec = sts["spec"]
+    assert spec["replicas"] == 1 and spec["podManagementPolicy"] == "OrderedReady"
+    assert spec["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}
+    pod_spec = spec["template"]["spec"]
+    assert pod_spec["restartPolicy"] == "Always" and pod_spec["dnsPolicy"] == "ClusterFirst"
+    assert [c["imagePullPolicy"] for c in pod_spec["containers"]] == ["Always", "IfNotPresent"]
+
+
 # -- list --------------------------------------------------------------------------------------
 
 

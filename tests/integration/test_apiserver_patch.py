@@ -77,8 +77,8 @@ def test_strategic_merge_patch_merges_keyed_lists(api):
     main = containers[0]
     assert main["image"] == "main:2" and main["args"] == ["--c"]  # args has no merge key: replaced
     assert main["env"] == [{"name": "B", "value": "two"}, {"name": "C", "value": "3"}]
-    assert main["ports"] == [{"containerPort": 80, "name": "http"}]  # untouched fields stay
-    assert containers[1] == {"name": "sidecar", "image": "side:1"}
+    assert main["ports"] == [{"containerPort": 80, "name": "http", "protocol": "TCP"}]  # untouched fields stay
+    assert {"name": "sidecar", "image": "side:1"}.items() <= containers[1].items()
     assert patched["metadata"]["finalizers"] == ["a.example.com/x", "b.example.com/y"]
     assert patched["metadata"]["generation"] == 2
     replaced = api.ok("PATCH", f"{DEPLOYMENTS}/web", {"spec": {"template": {"spec": {"containers": [

@@ -8,7 +8,8 @@ Lifecycle rules (simplifications are marked):
 
 * Create sets `uid`, `creationTimestamp`, `generation: 1`, honours `generateName`, clears `status`
   of kinds with a status subresource except nodes (pods and volumes start `Pending`, namespaces
-  `Active`, CRDs `Established`).
+  `Active`, CRDs `Established`), allocates service cluster IPs (10.96.0.0/16).  Built-ins get the
+  common defaults of :mod:`.defaults` on every write.
 * `generation` grows when anything but `metadata` (and `status`, for kinds with a status
   subresource) changes, and when deletion starts.  Writes that change nothing keep the
   resourceVersion and send no event.
@@ -36,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from . import errors
+from . import defaults, errors
 from .apply import ListKeys, builtin_list_keys, record_update, schema_list_keys, server_side_apply
 from .errors import FieldError, StatusError
 from .patch import json_patch, merge_patch, strategic_merge_patch
@@ -58,6 +59,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 _CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
 _NS_KEY = ("", "namespaces")
+_SVC_KEY = ("", "services")
 _SERVER_FINALIZERS = ("orphan", "foregroundDeletion")
 
 
@@ -109,6 +111,7 @@ class Cluster:
         self.builtin_validator = BuiltinValidator() if validate_builtins else None
         self._gc_wakeup: asyncio.Event | None = None
         self._gc_task: asyncio.Task[None] | None = None
+        self._service_ips = 0
         for name in ("default", "kube-system", "kube-public", "kube-node-lease"):
             self.create(self.resource("", "v1", "namespaces"), None, {"metadata": {"name": name}})
 
@@ -231,6 +234,13 @@ class Cluster:
             obj["status"] = {"phase": "Pending"}
         elif rt.status and rt.storage_key != ("", "nodes"):  # kubelets register nodes with their status
             obj.pop("status", None)
+        if rt.storage_key == _SVC_KEY and isinstance(obj.get("spec"), dict):
+            spec = obj["spec"]
+            if spec.get("type") != "ExternalName" and not spec.get("clusterIP"):
+                self._service_ips += 1
+                spec["clusterIP"] = f"10.96.{self._service_ips // 254}.{self._service_ips % 254 + 1}"
+            if spec.get("clusterIP"):
+                spec.setdefault("clusterIPs", [spec["clusterIP"]])
 
     # -- update, patch, apply ------------------------------------------------------------------
 
@@ -324,6 +334,10 @@ class Cluster:
                 new["status"] = copy.deepcopy(old_obj["status"])
             else:
                 new.pop("status", None)
+        if rt.storage_key == _SVC_KEY and isinstance(new.get("spec"), dict):  # allocated on create, then immutable
+            for allocated in ("clusterIP", "clusterIPs"):
+                if allocated in (old_obj.get("spec") or {}):
+                    new["spec"].setdefault(allocated, old_obj["spec"][allocated])
         for fixed in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation"):
             if fixed in old_meta:
                 meta[fixed] = old_meta[fixed]
@@ -360,6 +374,8 @@ class Cluster:
         meta = obj["metadata"]
         problems = self._metadata_errors(rt, meta)
         unknown: list[str] = []
+        if not rt.custom:
+            defaults.apply(rt.storage_key, obj)
         if rt.custom:
             obj, schema_errors, unknown = process_custom(rt.schema, obj, old)
             problems += schema_errors
