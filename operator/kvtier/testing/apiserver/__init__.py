@@ -6,7 +6,8 @@
         server.requests.filter(verb="watch")
 
 Modules: :mod:`.core` (semantics), :mod:`.store` (storage, watches), :mod:`.resources` (types,
-discovery), :mod:`.schema` (validation), :mod:`.patch` and :mod:`.apply` (PATCH flavours,
+discovery), :mod:`.schema` and :mod:`.defaults` (validation, defaulting), :mod:`.patch` and
+:mod:`.apply` (PATCH flavours,
 server-side apply), :mod:`.table` and :mod:`.printers` (kubectl columns), :mod:`.openapi`,
 :mod:`.protobuf` (the few protobuf bodies kubectl sends), :mod:`.faults`, :mod:`.http`
 (routing), :mod:`.server` (lifecycle, kubeconfig).
