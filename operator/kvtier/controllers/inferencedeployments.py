@@ -187,10 +187,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
     @kopf.on.delete(*DEPLOYMENT, id="release-storage", registry=registry)
     async def release_storage(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        """Volumes go back to the pool only once the deployment is gone: claims, static volumes, ledger entry."""
+        """Volumes go back to the pool only once the deployment is gone: claims, static volumes, ledger entry.
+
+        The StatefulSet goes first (it would recreate the claims of its pods), then its claims (kept by
+        `whenDeleted: Retain` for a StatefulSet deleted by hand), then the volumes, then the ledger entry.
+        """
         kube: KubeClient = memo.kube
         name, namespace = body.metadata.name, body.metadata.namespace
         with api_errors():
+            if await kube.get_or_none(STATEFULSETS, namespace, name) is not None:
+                await kube.delete(STATEFULSETS, namespace, name)
+                raise kopf.TemporaryError(f"waiting for StatefulSet {name} to go before releasing its volumes", delay=1)
             claims = await kube.list(PERSISTENT_VOLUME_CLAIMS, namespace, label_selector=f"{DEPLOYMENT_LABEL}={name}")
             for claim in claims.get("items", []):
                 await kube.delete(PERSISTENT_VOLUME_CLAIMS, namespace, claim["metadata"]["name"])

@@ -1,0 +1,83 @@
+"""Small synchronous helpers over the `cluster` fixture's async client, for end-to-end tests."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvtier.kube import EVENTS, INFERENCEDEPLOYMENTS, KVPOOLS, Resource
+from tests.conftest import EXAMPLES
+
+KUBECTL = Path(sys.executable).parent / "kubectl"
+TI = 2**40
+
+
+def get(cluster, resource: Resource, namespace: str | None, name: str) -> dict[str, Any] | None:
+    return cluster.run(cluster.kube.get_or_none(resource, namespace, name))
+
+
+def items(cluster, resource: Resource, namespace: str | None = None, selector: str | None = None) -> list[dict]:
+    return cluster.run(cluster.kube.list(resource, namespace, label_selector=selector))["items"]
+
+
+def create(cluster, resource: Resource, body: dict[str, Any]) -> dict[str, Any]:
+    return cluster.run(cluster.kube.create(resource, body))
+
+
+def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    """The condition `kind` of an object (an empty dict when absent)."""
+    conditions = ((obj or {}).get("status") or {}).get("conditions", [])
+    return next((c for c in conditions if c.get("type") == kind), {})
+
+
+def events(cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in items(cluster, EVENTS, namespace) if e["involvedObject"]["name"] == name]
+
+
+def kubectl(cluster, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HOME": os.environ.get("HOME", "/tmp")}
+    result = subprocess.run([str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin,
+                            capture_output=True, text=True, env=env, timeout=60)
+    if check and result.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr}")
+    return result
+
+
+def example(name: str) -> dict[str, Any]:
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+def csi_pool(name: str, capacity: str) -> dict[str, Any]:
+    return {"apiVersion": "kvtier.io/v1alpha1", "kind": "KVPool", "metadata": {"name": name},
+            "spec": {"capacity": capacity, "storage": {"csi": {"storageClassName": "sim-fast"}},
+                     "rebalance": {"policy": "Static"}}}
+
+
+def deployment(namespace: str, name: str, pool: str | None, *, replicas: int = 1, request: str = "1Ti",
+               minimum: str | None = None, tp: int = 1) -> dict[str, Any]:
+    """A small InferenceDeployment (TP `tp`, 8Gi CPU tier) drawing `request` per replica from `pool`."""
+    body = copy.deepcopy(example("inferencedeployment.yaml"))
+    body["metadata"] = {"name": name, "namespace": namespace}
+    spec = body["spec"]
+    spec["replicas"] = replicas
+    spec["engine"].update(tensorParallelSize=tp, args=[], resources={"requests": {"cpu": "4", "memory": "16Gi"}})
+    spec["kvCache"]["cpu"] = {"size": "8Gi"}
+    if pool is None:
+        del spec["kvCache"]["storage"]
+    else:
+        spec["kvCache"]["storage"] = {"poolRef": pool, "request": request, "min": minimum or request, "max": request}
+    return body
+
+
+def create_pool(cluster, body: dict[str, Any]) -> dict[str, Any]:
+    return create(cluster, KVPOOLS, body)
+
+
+def create_deployment(cluster, body: dict[str, Any]) -> dict[str, Any]:
+    return create(cluster, INFERENCEDEPLOYMENTS, body)
