@@ -324,3 +324,16 @@ def test_a_server_clock_runs_speed_times_faster():
     assert math.isclose(server.now(), 15.0)
     outcome = server.serve([1, 2], 8, 0)
     assert outcome.arrival == 15.0
+
+
+@pytest.mark.parametrize("args", [
+    ["sim", "serve", "--quota", "a=lots"], ["sim", "serve", "--quota", "a=-1"], ["sim", "serve", "--quota", "a=inf"],
+    ["sim", "serve", "--speed", "0"], ["probe"], ["probe", "--log-dir", "x", "--max-blocks", "0"],
+])
+def test_the_commands_refuse_bad_options_before_serving(args):
+    from click.testing import CliRunner
+
+    from kvtier.cli import main
+
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output

@@ -148,6 +148,9 @@ class SimServer:
     # The quota API, in GiB, over the pool's block quotas.
 
     def set_quota(self, salt: str, limit_gb: float) -> None:
+        """Give a salt ``limit_gb`` GiB of L2 (a finite number >= 0, else ``ValueError``); a shrink evicts at once."""
+        if not (math.isfinite(limit_gb) and limit_gb >= 0):
+            raise ValueError(f"limit_gb must be a finite number >= 0, got {limit_gb}")
         self._limits[salt] = limit_gb
         self.pool.set_quota(salt, math.floor(limit_gb * GB / self.params.block_bytes))
 
@@ -384,9 +387,12 @@ def lmcache_app(server: SimServer) -> web.Application:
     async def put_quota(request: web.Request) -> web.Response:
         body = await _json_body(request)
         limit = body.get("limit_gb")
-        if type(limit) not in (int, float) or not math.isfinite(limit) or limit < 0:
-            raise BadRequest('body must be {"limit_gb": <finite number >= 0>}')
-        server.set_quota(salt_of(request), float(limit))
+        try:
+            if type(limit) not in (int, float):
+                raise ValueError("not a number")
+            server.set_quota(salt_of(request), float(limit))
+        except ValueError:
+            raise BadRequest('body must be {"limit_gb": <finite number >= 0>}') from None
         return web.json_response(server.quota_entry(salt_of(request)))
 
     async def delete_quota(request: web.Request) -> web.Response:
