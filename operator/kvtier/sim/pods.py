@@ -27,7 +27,8 @@ running the simulator), ``KVSIM_SPEED``, ``KVSIM_TIME_SHIFT``, ``KVSIM_LOOP``,
 ``KVSIM_TRACE_SALT``, and sizes such as ``KVSIM_HBM_BLOCKS`` (over the chunk geometry above and
 :data:`~kvtier.sim.settings.SERVE_DEFAULTS`). An InferenceDeployment sets them
 through ``spec.engine.env``; three deployments replaying the same trace with different
-``KVSIM_TIME_SHIFT`` (or different traces) give shifting loads.
+``KVSIM_TIME_SHIFT`` (or different traces) give shifting loads. Every replica replays the whole
+trace (replicas multiply the load; choose ``KVSIM_SPEED`` accordingly).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ past the HBM prefix are asked of LMCache (``external_prefix_cache_queries`` =
 ``lmcache_mp_lookup_requested``), which serves them from L1 (CPU) then L2 (storage); the log
 holds every chunk of every prompt (the full access stream, as the probe needs). A simulated
 block is one LMCache chunk. Counters move when a request arrives; its TTFT is known then too.
+The log's timestamps are wall-clock time (what the probe's decay window is measured in).
 
 Prompts: a string is split on whitespace into tokens (a list of token ids is taken as is); every
 ``block_tokens`` tokens make a block whose id hashes the salt, the previous block's id and its
