@@ -128,6 +128,9 @@ async def test_unknown_containers_get_the_fallback_and_bad_arguments_serve_nothi
     assert handle.parts == []
     await handle.stop()
     assert engines.server(spec["metadata"]["uid"]) is None
+    spec["spec"]["containers"][0]["env"].append({"name": "KVSIM_HBM_BLOCKS", "value": "many"})
+    handle = await engines(spec, spec["spec"]["containers"][0], address())
+    assert handle.parts == [] and engines.server(spec["metadata"]["uid"]) is None
 
 
 @pytest.mark.parametrize("container, kind", [

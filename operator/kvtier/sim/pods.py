@@ -59,8 +59,6 @@ Pod = dict[str, Any]
 Container = dict[str, Any]
 
 
-
-
 def command_line(container: Container) -> list[str]:
     """A container's command and args as words (a ``sh -c`` script is split too)."""
     words: list[str] = []
@@ -146,11 +144,16 @@ class KvsimEngines:
             return _Handle(self, "", [])
         kind, words = recognised
         uid = pod["metadata"]["uid"]
-        sim = self._acquire(pod)
+        name = f"{pod['metadata'].get('name')}/{container.get('name')}"
+        try:
+            sim = self._acquire(pod)
+        except ValueError as error:  # a KVSIM_* variable of the wrong type
+            log.warning("%s: cannot simulate the pod: %s", name, error)
+            return _Handle(self, "", [])
         try:
             parts = await self._start(kind, words, container, address, sim)
         except (click.ClickException, ValueError) as error:  # arguments a real container would fail on
-            log.warning("%s/%s: cannot start: %s", pod["metadata"].get("name"), container.get("name"), error)
+            log.warning("%s: cannot start: %s", name, error)
             parts = []
         except BaseException:
             self._release(uid)
