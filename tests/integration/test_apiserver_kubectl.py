@@ -177,3 +177,9 @@ def test_builtin_columns(kubectl, api):
     lines = kubectl("get", "deployments").stdout.splitlines()
     assert lines[0].split() == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
     assert lines[1].split()[:4] == ["web", "0/1", "0", "0"]
+    api.ok("POST", "/api/v1/namespaces/default/events", {
+        "metadata": {"name": "web.1"}, "involvedObject": {"kind": "Deployment", "name": "web", "namespace": "default"},
+        "reason": "Rebalanced", "message": "moved 1Ti", "type": "Normal", "lastTimestamp": "2026-01-01T00:00:00Z"})
+    lines = kubectl("get", "events").stdout.splitlines()
+    assert lines[0].split() == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    assert lines[1].split()[1:] == ["Normal", "Rebalanced", "deployment/web", "moved", "1Ti"]

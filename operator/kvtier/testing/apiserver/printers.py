@@ -1,14 +1,56 @@
 """Server-side printer columns of built-in kinds, after the real server's (pkg/printers/internalversion).
 
-Each column computes its cell from the object; `Age` cells are filled in by :mod:`.table`.
+Each column computes its cell from the object (`Age` columns are JSONPath date columns, rendered
+by :mod:`.table` with :func:`age`).
 Columns with priority 1 only show with `kubectl get -o wide`.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any, Callable
 
 Cell = Callable[[dict[str, Any]], Any]
+
+
+def human_duration(seconds: float) -> str:
+    """Go's `duration.HumanDuration`, as kubectl shows ages."""
+    s = int(seconds)
+    if s < -1:
+        return "<invalid>"
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    minutes = s // 60
+    if minutes < 10:
+        return f"{minutes}m" if s % 60 == 0 else f"{minutes}m{s % 60}s"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = s // 3600
+    if hours < 8:
+        return f"{hours}h" if minutes % 60 == 0 else f"{hours}h{minutes % 60}m"
+    if hours < 48:
+        return f"{hours}h"
+    if hours < 24 * 8:
+        return f"{hours // 24}d" if hours % 24 == 0 else f"{hours // 24}d{hours % 24}h"
+    if hours < 24 * 365 * 2:
+        return f"{hours // 24}d"
+    years, days = hours // (24 * 365), (hours // 24) % 365
+    if years < 8:
+        return f"{years}y" if days == 0 else f"{years}y{days}d"
+    return f"{years}y"
+
+
+def age(value: Any) -> str | None:
+    """The age of an RFC 3339 timestamp, as kubectl shows it (None when unparsable)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return human_duration((dt.datetime.now(dt.timezone.utc) - when).total_seconds())
 
 
 def _get(obj: Any, *path: str) -> Any:
@@ -130,4 +172,15 @@ COLUMNS: dict[tuple[str, str], list[dict[str, Any]]] = {
         _col("VolumeBindingMode", lambda s: s.get("volumeBindingMode") or "Immediate"), AGE,
     ],
     ("coordination.k8s.io", "leases"): [_col("Holder", lambda le: _get(le, "spec", "holderIdentity") or ""), AGE],
+    ("", "events"): [
+        _col("Last Seen", lambda e: age(e.get("lastTimestamp") or e.get("eventTime")
+                                        or _get(e, "metadata", "creationTimestamp"))),
+        _col("Type", lambda e: e.get("type") or ""),
+        _col("Reason", lambda e: e.get("reason") or ""),
+        _col("Object", lambda e: f"{_get(e, 'involvedObject', 'kind') or ''}/{_get(e, 'involvedObject', 'name') or ''}".lower()),
+        _col("Message", lambda e: (e.get("message") or "").strip()),
+    ],
 }
+
+# Kinds whose Name column comes last and only with `-o wide`, as the real server prints events.
+NAME_LAST = {("", "events")}

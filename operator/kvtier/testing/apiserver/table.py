@@ -10,7 +10,6 @@ real server (`5s`, `3m20s`, `2d4h`).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
 from typing import Any
@@ -54,52 +53,13 @@ def jsonpath(obj: Any, path: str) -> Any:
     return obj
 
 
-def human_duration(seconds: float) -> str:
-    """Go's `duration.HumanDuration`, as kubectl shows ages."""
-    s = int(seconds)
-    if s < -1:
-        return "<invalid>"
-    if s < 0:
-        return "0s"
-    if s < 120:
-        return f"{s}s"
-    minutes = s // 60
-    if minutes < 10:
-        return f"{minutes}m" if s % 60 == 0 else f"{minutes}m{s % 60}s"
-    if minutes < 180:
-        return f"{minutes}m"
-    hours = s // 3600
-    if hours < 8:
-        return f"{hours}h" if minutes % 60 == 0 else f"{hours}h{minutes % 60}m"
-    if hours < 48:
-        return f"{hours}h"
-    if hours < 24 * 8:
-        return f"{hours // 24}d" if hours % 24 == 0 else f"{hours // 24}d{hours % 24}h"
-    if hours < 24 * 365 * 2:
-        return f"{hours // 24}d"
-    years, days = hours // (24 * 365), (hours // 24) % 365
-    if years < 8:
-        return f"{years}y" if days == 0 else f"{years}y{days}d"
-    return f"{years}y"
-
-
-def _age(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return human_duration((dt.datetime.now(dt.timezone.utc) - when).total_seconds())
-
-
 def columns(rt: ResourceType) -> list[dict[str, Any]]:
     """Column definitions: Name, then the printer columns (each keeps its jsonPath or cell function)."""
     if rt.custom:
         declared = rt.printer_columns or [printers.AGE]
     else:
         declared = printers.COLUMNS.get(rt.storage_key, [printers.AGE])
-    result = [dict(_NAME_COLUMN)]
+    result = []
     for col in declared:
         column = {
             "name": col["name"],
@@ -113,7 +73,9 @@ def columns(rt: ResourceType) -> list[dict[str, Any]]:
         else:
             column["jsonPath"] = col.get("jsonPath", "")
         result.append(column)
-    return result
+    if rt.storage_key in printers.NAME_LAST and not rt.custom:
+        return result + [{**_NAME_COLUMN, "priority": 1}]
+    return [dict(_NAME_COLUMN)] + result
 
 
 def _cell(col: dict[str, Any], obj: dict[str, Any]) -> Any:
@@ -126,7 +88,7 @@ def _cell(col: dict[str, Any], obj: dict[str, Any]) -> Any:
         return None
     kind = col["type"]
     if kind == "date":
-        return _age(value)
+        return printers.age(value)
     if kind == "integer" and isinstance(value, (int, float)) and not isinstance(value, bool):
         return int(value)
     if kind == "number" and isinstance(value, (int, float)) and not isinstance(value, bool):
