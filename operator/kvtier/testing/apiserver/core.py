@@ -97,6 +97,33 @@ def _get_path(obj: Any, path: str) -> Any:
     return obj
 
 
+_META_TYPES: dict[str, type] = {
+    "name": str, "generateName": str, "namespace": str, "uid": str, "resourceVersion": str, "generation": int,
+    "creationTimestamp": str, "deletionTimestamp": str, "deletionGracePeriodSeconds": int, "labels": dict,
+    "annotations": dict, "finalizers": list, "ownerReferences": list, "managedFields": list,
+}
+
+
+def _check_metadata_types(meta: dict[str, Any]) -> None:
+    """Reject what the real server could not even decode into an ObjectMeta (400)."""
+    for key, kind in _META_TYPES.items():
+        value = meta.get(key)
+        if value is None:
+            continue
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if ok and kind is dict:
+            ok = all(isinstance(v, str) for v in value.values())
+        elif ok and key == "finalizers":
+            ok = all(isinstance(v, str) for v in value)
+        elif ok and key in ("ownerReferences", "managedFields"):
+            ok = all(isinstance(v, dict) for v in value)
+        if not ok:
+            raise errors.bad_request(f"unable to decode metadata.{key}: unexpected {type(value).__name__} value")
+    for ref in meta.get("ownerReferences") or []:
+        if not all(isinstance(ref.get(k), str) for k in ("apiVersion", "kind", "name", "uid")):
+            raise errors.bad_request("metadata.ownerReferences: apiVersion, kind, name and uid must be strings")
+
+
 def _without_volatile(obj: dict[str, Any]) -> dict[str, Any]:
     meta = {k: v for k, v in obj["metadata"].items() if k not in ("resourceVersion", "managedFields")}
     return {**obj, "metadata": meta}
@@ -197,6 +224,7 @@ class Cluster:
             meta = obj["metadata"] = {}
         if not isinstance(meta, dict):
             raise errors.bad_request("metadata must be an object")
+        _check_metadata_types(meta)
         if rt.namespaced:
             if namespace and meta.get("namespace") not in (None, "", namespace):
                 raise errors.bad_request("the namespace of the provided object does not match the namespace sent on the request")
@@ -404,10 +432,6 @@ class Cluster:
             problems.append(FieldError("metadata.name", "Invalid value",
                                        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
                                        "characters, '-' or '.', and must start and end with an alphanumeric character", name))
-        for field_name in ("labels", "annotations"):
-            mapping = meta.get(field_name)
-            if mapping is not None and not (isinstance(mapping, dict) and all(isinstance(v, str) for v in mapping.values())):
-                problems.append(FieldError(f"metadata.{field_name}", "Invalid value", "must be a map of strings", mapping))
         for key, value in (meta.get("labels") or {}).items():
             if isinstance(value, str) and (len(value) > 63 or not re.match(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", value)):
                 problems.append(FieldError(f"metadata.labels", "Invalid value", "a valid label must be an empty string "

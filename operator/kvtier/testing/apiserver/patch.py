@@ -187,7 +187,9 @@ def _smp_map(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
             continue
         if key.startswith("$deleteFromPrimitiveList/"):
             name = key.split("/", 1)[1]
-            drop = set(map(repr, value or []))
+            if not isinstance(value, list):
+                raise bad_request(f"{key} must be a list")
+            drop = set(map(repr, value))
             if isinstance(result.get(name), list):
                 result[name] = [v for v in result[name] if repr(v) not in drop]
             continue

@@ -1,0 +1,101 @@
+"""Property tests: no body, patch, apply or selector makes the server fail other than with a 4xx Status."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+from apiserver_helpers import CRDS
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvtier.testing.apiserver import Cluster, StatusError, WriteOptions
+from kvtier.testing.apiserver.core import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH
+from kvtier.testing.apiserver.selectors import parse_field_selector, parse_label_selector
+
+# Keys the server gives meaning to (patch directives, JSON patch fields, object fields), and noise.
+keys = st.sampled_from([
+    "$patch", "$deleteFromPrimitiveList/finalizers", "$deleteFromPrimitiveList/data", "$setElementOrder/containers",
+    "$retainKeys", "op", "path", "value", "from", "metadata", "name", "labels", "annotations", "finalizers",
+    "ownerReferences", "resourceVersion", "spec", "status", "data", "replicas", "selector", "containers", "env",
+    "size", "engine", "limits", "min", "max",
+]) | st.text(max_size=6)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from(["add", "remove", "replace", "move", "copy", "test", "/data", "/spec/size", "delete", "small"])
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(keys, children, max_size=4),
+    max_leaves=20,
+)
+# Bodies shaped roughly like objects, so that they reach the deeper validation code.
+widget_specs = st.dictionaries(
+    st.sampled_from(["size", "replicas", "port", "owner", "since", "code", "note", "limits", "engine", "extra",
+                     "tags", "bogus"]),
+    json_values, max_size=6)
+pytestmark = pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")  # set by cel-python
+# KVTIER_FUZZ_EXAMPLES=5000 searches harder than the default run.
+FUZZ = settings(max_examples=int(os.environ.get("KVTIER_FUZZ_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def cluster_with_widgets() -> Cluster:
+    cluster = Cluster()
+    crds = cluster.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+    for crd in yaml.safe_load_all(CRDS.read_text()):
+        cluster.create(crds, None, crd)
+    return cluster
+
+
+CLUSTER = cluster_with_widgets()
+WIDGETS = CLUSTER.resource("test.kvtier.io", "v1", "widgets")
+CONFIGMAPS = CLUSTER.resource("", "v1", "configmaps")
+
+
+def attempt(fn, *args) -> None:
+    try:
+        fn(*args)
+    except StatusError as error:
+        assert 400 <= error.code < 500, error.to_status()
+
+
+@FUZZ
+@given(spec=widget_specs, metadata=json_values)
+def test_creating_arbitrary_widgets_fails_only_with_status_errors(spec, metadata):
+    body = {"apiVersion": "test.kvtier.io/v1", "kind": "Widget", "metadata": {"generateName": "w-"}, "spec": spec}
+    attempt(CLUSTER.create, WIDGETS, "default", body)
+    attempt(CLUSTER.create, WIDGETS, "default", {**body, "metadata": metadata})
+    attempt(CLUSTER.create, CONFIGMAPS, "default", {"metadata": {"generateName": "c-"}, "data": metadata})
+
+
+@FUZZ
+@given(patch=json_values, kind=st.sampled_from([MERGE_PATCH, JSON_PATCH, STRATEGIC_PATCH]))
+def test_arbitrary_patches_fail_only_with_status_errors(patch, kind):
+    if CLUSTER.find(WIDGETS, "default", "target") is None:
+        CLUSTER.create(WIDGETS, "default", {"metadata": {"name": "target"}, "spec": {"size": "small"}})
+        CLUSTER.create(CONFIGMAPS, "default", {"metadata": {"name": "target"}, "data": {"a": "b"}})
+    raw = json.dumps(patch).encode()
+    attempt(CLUSTER.patch, WIDGETS, "default", "target", kind, raw, WriteOptions(manager="fuzz"))
+    attempt(CLUSTER.patch, CONFIGMAPS, "default", "target", kind, raw, WriteOptions(manager="fuzz"))
+    attempt(CLUSTER.patch, WIDGETS, "default", "target", kind, raw, WriteOptions(manager="fuzz"), "status")
+    attempt(CLUSTER.patch, WIDGETS, "default", "target", kind, raw, WriteOptions(manager="fuzz"), "scale")
+
+
+@FUZZ
+@given(config=widget_specs, force=st.booleans())
+def test_arbitrary_applies_fail_only_with_status_errors(config, force):
+    body = json.dumps({"apiVersion": "test.kvtier.io/v1", "kind": "Widget", "metadata": {"name": "applied"},
+                       "spec": config}).encode()
+    attempt(CLUSTER.apply, WIDGETS, "default", "applied", body, WriteOptions(manager="fuzz", force=force))
+
+
+@FUZZ
+@given(text=st.text(max_size=30))
+def test_selectors_parse_or_fail_with_400(text):
+    for parse in (parse_label_selector, lambda t: parse_field_selector(t, "pods")):
+        try:
+            predicate = parse(text)
+        except StatusError as error:
+            assert error.code == 400
+        else:
+            assert predicate is None or isinstance(predicate({"metadata": {"labels": {"a": "b"}}}), bool)
