@@ -206,7 +206,7 @@ class Cluster:
         if opts.dry_run:
             return obj
         stored = self.store.put(rt.storage_key, obj)
-        self._after_write(rt, stored)
+        self._after_write(rt, None, stored)
         return stored.obj
 
     def _check_body(self, rt: ResourceType, namespace: str | None, body: Any, name: str | None) -> dict[str, Any]:
@@ -394,7 +394,7 @@ class Cluster:
                 and not self._has_cleanup(rt):
             return self._remove(rt, old_obj, new)
         stored = self.store.put(rt.storage_key, new)
-        self._after_write(rt, stored)
+        self._after_write(rt, old_obj, stored)
         return stored.obj
 
     def _validate(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
@@ -580,11 +580,14 @@ class Cluster:
         self.registry.remove_group_resource(spec["group"], spec["names"]["plural"])
         self.store.drop_collection((spec["group"], spec["names"]["plural"]))
 
-    def _after_write(self, rt: ResourceType, stored: Stored) -> None:
+    def _after_write(self, rt: ResourceType, old: dict[str, Any] | None, stored: Stored) -> None:
         meta = stored.obj["metadata"]
         if rt.storage_key == _CRD_KEY and not meta.get("deletionTimestamp"):
             self._register_crd(stored.obj)
-        if meta.get("ownerReferences") or meta.get("deletionTimestamp"):
+        # The collector only has work when owners or deletion state change, not on every write.
+        old_meta = (old or {}).get("metadata", {})
+        if meta.get("ownerReferences") != old_meta.get("ownerReferences") or (
+                meta.get("deletionTimestamp") and meta.get("finalizers") != old_meta.get("finalizers")):
             self._wake_gc()
 
     # -- garbage collection --------------------------------------------------------------------
