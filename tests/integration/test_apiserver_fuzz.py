@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from kvtier.testing.apiserver import Cluster, StatusError, WriteOptions
 from kvtier.testing.apiserver.core import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH
+from kvtier.testing.apiserver.openapi import group_version_document
+from kvtier.testing.apiserver.table import table
 from kvtier.testing.apiserver.selectors import parse_field_selector, parse_label_selector
 
 # Keys the server gives meaning to (patch directives, JSON patch fields, object fields), and noise.
@@ -48,6 +50,7 @@ def cluster_with_widgets() -> Cluster:
 
 
 CLUSTER = cluster_with_widgets()
+LENIENT = Cluster(validate_builtins=False)  # nothing but the emulator's own checks between input and code
 WIDGETS = CLUSTER.resource("test.kvtier.io", "v1", "widgets")
 CONFIGMAPS = CLUSTER.resource("", "v1", "configmaps")
 
@@ -99,3 +102,72 @@ def test_selectors_parse_or_fail_with_400(text):
             assert error.code == 400
         else:
             assert predicate is None or isinstance(predicate({"metadata": {"labels": {"a": "b"}}}), bool)
+
+
+scalars = st.none() | st.booleans() | st.integers(-5, 5) | st.sampled_from(["", "a", "x@y.z", "2026-01-01T00:00:00Z"])
+schemas = st.recursive(
+    st.fixed_dictionaries({}, optional={
+        "type": st.sampled_from(["string", "integer", "number", "boolean", "object", "array"]) | json_values,
+        "format": st.sampled_from(["date-time", "email", "int32", "byte", "uuid", "bogus"]),
+        "enum": st.lists(scalars, max_size=3) | json_values, "default": json_values, "nullable": st.booleans(),
+        "pattern": st.sampled_from(["^a", "(", "[a-z]+", "a{2,1}"]) | json_values,
+        "minimum": st.integers(-3, 3) | json_values, "maxLength": st.integers(0, 3) | json_values,
+        "x-kubernetes-int-or-string": st.booleans(), "x-kubernetes-preserve-unknown-fields": st.booleans(),
+        "x-kubernetes-list-type": st.sampled_from(["set", "map", "atomic"]),
+        "x-kubernetes-list-map-keys": st.lists(keys, max_size=2) | json_values,
+        "required": st.lists(keys, max_size=2) | json_values,
+    }),
+    lambda children: st.fixed_dictionaries({"type": st.sampled_from(["object", "array"])}, optional={
+        "properties": st.dictionaries(keys, children, max_size=3) | json_values,
+        "additionalProperties": children | st.booleans(), "items": children | json_values,
+        "anyOf": st.lists(children, max_size=2), "allOf": st.lists(children, max_size=2),
+        "x-kubernetes-validations": st.lists(st.fixed_dictionaries(
+            {"rule": st.sampled_from(["self.a > 1", "self == oldSelf", "((", "has(self.spec)", "size(self) < 2"])},
+            optional={"message": st.text(max_size=5), "fieldPath": st.sampled_from([".a", "bogus"])}), max_size=2),
+    }),
+    max_leaves=12,
+)
+crd_specs = st.fixed_dictionaries({
+    "group": st.just("x.io"),
+    "scope": st.sampled_from(["Namespaced", "Cluster"]),
+    "names": st.just({"plural": "things", "kind": "Thing"}),
+    "versions": st.fixed_dictionaries({"name": st.just("v1"), "served": st.just(True), "storage": st.just(True)}, optional={
+        "subresources": st.fixed_dictionaries({}, optional={
+            "status": st.just({}), "scale": st.fixed_dictionaries({}, optional={
+                "specReplicasPath": st.sampled_from([".spec.replicas", ".spec", "spec..x"]) | json_values,
+                "statusReplicasPath": st.sampled_from([".status.replicas"]) | json_values,
+                "labelSelectorPath": st.sampled_from([".status.selector", ".spec"]) | json_values})}),
+        "schema": st.fixed_dictionaries({"openAPIV3Schema": schemas}),
+        "additionalPrinterColumns": st.lists(st.fixed_dictionaries({"name": st.text(max_size=4), "jsonPath": st.sampled_from(
+            [".spec.a", ".spec", "{.x[0]}", ".a['b']", "..", "["]) | json_values},
+            optional={"type": st.sampled_from(["string", "integer", "date", "number", "boolean"]) | json_values,
+                      "priority": st.integers(0, 1) | json_values}), max_size=2),
+    }).map(lambda v: [v]),
+})
+
+
+@FUZZ
+@given(spec=crd_specs, thing=json_values)
+def test_arbitrary_crds_fail_only_with_status_errors(spec, thing):
+    crds = LENIENT.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+    body = {"metadata": {"name": "things.x.io"}, "spec": spec}
+    try:
+        LENIENT.create(crds, None, body)
+    except StatusError as error:
+        assert 400 <= error.code < 500, error.to_status()
+        return
+    try:
+        for rt in [t for t in LENIENT.registry.all() if t.group == "x.io"]:
+            namespace = "default" if rt.namespaced else None
+            attempt(LENIENT.create, rt, namespace, {"metadata": {"name": "t"}, "spec": thing, "status": thing})
+            if LENIENT.find(rt, namespace, "t"):
+                raw = json.dumps({"spec": thing, "status": {"replicas": thing}}).encode()
+                for sub in (None, "status", "scale"):
+                    attempt(LENIENT.patch, rt, namespace, "t", MERGE_PATCH, raw, WriteOptions(manager="f"), sub)
+                table(rt, [obj.obj for obj in LENIENT.list(rt, namespace)[0]], "1")
+                if rt.scale:
+                    attempt(LENIENT.scale_of, rt, LENIENT.get(rt, namespace, "t").obj)
+            group_version_document(LENIENT.registry, rt.group, rt.version, "v1.37.0")
+    finally:
+        LENIENT.delete(crds, None, "things.x.io")
+        LENIENT.collect_garbage()

@@ -39,6 +39,7 @@ import yaml
 
 from . import defaults, errors
 from .apply import ListKeys, builtin_list_keys, record_update, schema_list_keys, server_side_apply
+from .crds import crd_errors
 from .errors import FieldError, StatusError
 from .patch import json_patch, merge_patch, strategic_merge_patch
 from .resources import Registry, ResourceType, types_from_crd
@@ -418,7 +419,7 @@ class Cluster:
         if unknown and opts.field_validation == "Warn":
             opts.warnings.extend(f'unknown field "{u}"' for u in unknown)
         if rt.storage_key == _CRD_KEY:
-            problems += self._crd_errors(obj)
+            problems += crd_errors(obj)
         if problems:
             raise errors.invalid(rt.group, rt.kind, meta.get("name", ""), problems)
         return obj
@@ -537,7 +538,7 @@ class Cluster:
 
     @staticmethod
     def _crd_status(crd: dict[str, Any], old_status: dict[str, Any] | None = None) -> dict[str, Any]:
-        spec = crd.get("spec") or {}
+        spec = crd.get("spec") if isinstance(crd.get("spec"), dict) else {}
         stamp = now()
         previous = {c.get("type"): c for c in (old_status or {}).get("conditions") or []}
 
@@ -546,7 +547,8 @@ class Cluster:
             when = before["lastTransitionTime"] if before and before.get("status") == "True" else stamp
             return {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": when}
 
-        stored = [v.get("name") for v in spec.get("versions") or [] if v.get("storage")]
+        versions = spec.get("versions") if isinstance(spec.get("versions"), list) else []
+        stored = [v["name"] for v in versions if isinstance(v, dict) and v.get("storage") and isinstance(v.get("name"), str)]
         return {
             "acceptedNames": spec.get("names") or {},
             "conditions": [
@@ -555,19 +557,6 @@ class Cluster:
             ],
             "storedVersions": sorted(set((old_status or {}).get("storedVersions", [])) | set(stored)),
         }
-
-    @staticmethod
-    def _crd_errors(crd: dict[str, Any]) -> list[FieldError]:
-        spec = crd.get("spec") or {}
-        names = spec.get("names") or {}
-        problems = []
-        if crd["metadata"]["name"] != f"{names.get('plural')}.{spec.get('group')}":
-            problems.append(FieldError("metadata.name", "Invalid value", "must be spec.names.plural+\".\"+spec.group",
-                                       crd["metadata"]["name"]))
-        versions = spec.get("versions") or []
-        if sum(1 for v in versions if v.get("storage")) != 1:
-            problems.append(FieldError("spec.versions", "Invalid value", "must have exactly one version marked as storage version", "array"))
-        return problems
 
     def _register_crd(self, crd: dict[str, Any]) -> None:
         spec = crd["spec"]
@@ -676,7 +665,7 @@ class Cluster:
             if dependents:
                 return bool([d for _, d in dependents if not d.obj["metadata"].get("deletionTimestamp")])
             finalizers.remove("foregroundDeletion")
-        elif self._has_cleanup(rt) and not finalizers:
+        elif self._has_cleanup(rt):
             return self._cleanup(rt, s)
         else:
             return False
@@ -688,26 +677,21 @@ class Cluster:
         return True
 
     def _cleanup(self, rt: ResourceType, s: Stored) -> bool:
-        """Delete the content of a terminating namespace or CRD; remove it once empty."""
+        """Delete the content of a terminating namespace or CRD; remove it once empty and unfinalized."""
         meta = s.obj["metadata"]
-        remaining = 0
         if rt.storage_key == _NS_KEY:
-            for crt in self.registry.storage_types():
-                if not crt.namespaced:
-                    continue
-                for item in list(self.store.collection(crt.storage_key).in_namespace(meta["name"])):
-                    remaining += 1
-                    if not item.obj["metadata"].get("deletionTimestamp"):
-                        self.delete(crt, meta["name"], item.obj["metadata"]["name"])
+            content = [(crt, item) for crt in self.registry.storage_types() if crt.namespaced
+                       for item in self.store.collection(crt.storage_key).in_namespace(meta["name"])]
         else:
-            spec = s.obj["spec"]
-            types = [t for t in self.registry.storage_types() if t.storage_key == (spec["group"], spec["names"]["plural"])]
-            for crt in types:
-                for item in list(self.store.collection(crt.storage_key).objects.values()):
-                    remaining += 1
-                    if not item.obj["metadata"].get("deletionTimestamp"):
-                        self.delete(crt, item.obj["metadata"].get("namespace"), item.obj["metadata"]["name"])
-        if remaining:
-            return False
+            key = (s.obj["spec"]["group"], s.obj["spec"]["names"]["plural"])
+            content = [(crt, item) for crt in self.registry.storage_types() if crt.storage_key == key
+                       for item in self.store.collection(crt.storage_key).objects.values()]
+        issued = False
+        for crt, item in content:
+            if not item.obj["metadata"].get("deletionTimestamp"):
+                self.delete(crt, item.obj["metadata"].get("namespace"), item.obj["metadata"]["name"])
+                issued = True
+        if content or meta.get("finalizers"):
+            return issued
         self._remove(rt, s.obj, s.obj)
         return True
