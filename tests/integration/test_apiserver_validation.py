@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from apiserver_helpers import CONFIGMAPS, MERGE, Api, WatchStream, widget
+import yaml
+from apiserver_helpers import CONFIGMAPS, CRDS, MERGE, Api, WatchStream, widget
 
 from kvtier.testing.apiserver import ThreadedAPIServer
 
@@ -163,3 +164,17 @@ def test_events_are_accepted_in_both_groups(api):
     found = api.ok("GET", "/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3Da")["items"]
     assert [e["metadata"]["name"] for e in found] == ["e1"]
     assert api.ok("PUT", "/api/v1/namespaces/default/events/e1", {**found[0], "count": 2})["count"] == 2
+
+
+def test_invalid_crds_are_rejected(api):
+    crd = next(yaml.safe_load_all(CRDS.read_text()))
+    spec_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec_schema["properties"]["code"]["pattern"] = "("
+    spec_schema["x-kubernetes-validations"][0]["rule"] = "self.limits.min <"
+    crd["spec"]["versions"][0]["additionalPrinterColumns"][0]["type"] = "color"
+    status, body, _ = api.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    assert status == 422
+    base = "spec.versions[0].schema.openAPIV3Schema.properties[spec]"
+    assert set(causes(body)) == {f"{base}.properties[code].pattern", f"{base}.x-kubernetes-validations[0].rule",
+                                 "spec.versions[0].additionalPrinterColumns[0].type"}
+    assert api.get("/apis/test.kvtier.io/v1")[0] == 404  # nothing was registered
