@@ -110,6 +110,9 @@ def test_bad_input_never_crashes_the_server(api):
     assert api.get(f"{CONFIGMAPS}/a/b/c/d")[0] == 404
     assert api.get(CONFIGMAPS + "?labelSelector=a%20in%20(b")[0] == 400
     assert api.get(CONFIGMAPS + "?watch=true&resourceVersion=abc")[0] == 400
+    assert api.get(CONFIGMAPS + "?watch=true&timeoutSeconds=abc")[0] == 400
+    assert api.get(CONFIGMAPS + "?limit=abc")[0] == 400
+    assert api.get(CONFIGMAPS + "?limit=1&continue=bm9wZQ")[0] == 400
     assert api.ok("GET", f"{CONFIGMAPS}/a")["metadata"]["name"] == "a"  # still serving
 
 

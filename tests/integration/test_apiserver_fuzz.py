@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 
 import pytest
 import yaml
-from apiserver_helpers import CRDS
+from apiserver_helpers import CRDS, Api, widget
+from apiserver_helpers import WIDGETS as WIDGETS_PATH
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvtier.testing.apiserver import Cluster, StatusError, WriteOptions
+from kvtier.testing.apiserver import Cluster, StatusError, ThreadedAPIServer, WriteOptions
 from kvtier.testing.apiserver.core import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH
 from kvtier.testing.apiserver.openapi import group_version_document
 from kvtier.testing.apiserver.table import table
@@ -53,6 +55,17 @@ CLUSTER = cluster_with_widgets()
 LENIENT = Cluster(validate_builtins=False)  # nothing but the emulator's own checks between input and code
 WIDGETS = CLUSTER.resource("test.kvtier.io", "v1", "widgets")
 CONFIGMAPS = CLUSTER.resource("", "v1", "configmaps")
+
+
+@pytest.fixture(scope="module")
+def fuzz_api():
+    """One server for all HTTP fuzz examples, with the test CRDs and a widget."""
+    with ThreadedAPIServer() as server:
+        api = Api(server.url)
+        for crd in yaml.safe_load_all(CRDS.read_text()):
+            api.ok("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        api.ok("POST", WIDGETS_PATH, widget("w"))
+        yield api
 
 
 def attempt(fn, *args) -> None:
@@ -171,3 +184,37 @@ def test_arbitrary_crds_fail_only_with_status_errors(spec, thing):
     finally:
         LENIENT.delete(crds, None, "things.x.io")
         LENIENT.collect_garbage()
+
+
+segments = st.sampled_from(["api", "apis", "v1", "apps", "namespaces", "default", "nope", "configmaps", "pods",
+                            "status", "scale", "statefulsets", "test.kvtier.io", "widgets", "w", "openapi", "v3",
+                            "version", "x", ""])
+real_paths = st.sampled_from([
+    "/api/v1/namespaces/default/configmaps", "/api/v1/namespaces/default/configmaps/x", "/api/v1/configmaps",
+    "/apis/test.kvtier.io/v1/namespaces/default/widgets", "/apis/test.kvtier.io/v1/namespaces/default/widgets/w",
+    "/apis/test.kvtier.io/v1/namespaces/default/widgets/w/status", "/apis/test.kvtier.io/v1/namespaces/default/widgets/w/scale",
+    "/apis/test.kvtier.io/v1/gadgets", "/apis/apps/v1/statefulsets", "/api/v1/namespaces", "/api/v1/namespaces/default",
+    "/api/v1/namespaces/default/status", "/openapi/v3/apis/apps/v1", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+])
+queries = st.dictionaries(
+    st.sampled_from(["labelSelector", "fieldSelector", "limit", "continue", "resourceVersion", "resourceVersionMatch",
+                     "watch", "timeoutSeconds", "fieldManager", "fieldValidation", "force", "dryRun",
+                     "propagationPolicy", "includeObject", "allowWatchBookmarks", "sendInitialEvents"]),
+    st.sampled_from(["", "0", "1", "-1", "abc", "true", "All", "Strict", "Exact", "a=b", "metadata.name=x", "!!",
+                     "Orphan", "Object", "3.5", "eyJ4Ijog"]),
+    max_size=4)
+
+
+@settings(FUZZ, max_examples=4 * FUZZ.max_examples)  # a wide space: request shape x parameters x body
+@given(method=st.sampled_from(["GET", "GET", "GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
+       path=real_paths | st.lists(segments, max_size=7).map(lambda parts: "/" + "/".join(parts)),
+       query=queries, body=json_values,
+       content_type=st.sampled_from(["application/json", "application/merge-patch+json", "application/yaml",
+                                     "application/apply-patch+yaml", "application/json-patch+json", "text/plain"]))
+def test_arbitrary_requests_never_fail_with_a_server_error(fuzz_api, method, path, query, body, content_type):
+    api = fuzz_api
+    if query.get("watch") in ("1", "true"):
+        query["timeoutSeconds"] = "0"  # keep watches short
+    url = path + ("?" + urllib.parse.urlencode(query) if query else "")
+    status, answer, _ = api.request(method, url, body, content_type=content_type)
+    assert status < 500, (method, url, answer)

@@ -57,6 +57,17 @@ def _status_response(error: StatusError) -> web.Response:
     return _json_response(error.to_status(), error.code, headers)
 
 
+def _number(query: Any, name: str, default: float, kind: type) -> Any:
+    """A numeric query parameter; 400 when it is not a number."""
+    text = query.get(name)
+    if not text:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise errors.bad_request(f"invalid value for {name}: {text!r}") from None
+
+
 def _flag(value: str | None) -> bool:
     return (value or "").lower() in ("true", "1")
 
@@ -225,7 +236,7 @@ class APIHandler:
             if token_rv < coll.compacted_rv:
                 raise errors.gone("The provided continue parameter is too old to display a consistent list result.")
             items = [s for s in items if (s.obj["metadata"].get("namespace", ""), s.obj["metadata"]["name"]) > start]
-        limit = int(query.get("limit") or 0)
+        limit = _number(query, "limit", 0, int)
         if 0 < limit < len(items):
             last = items[limit - 1].obj["metadata"]
             state = {"rv": rv, "start": [last.get("namespace", ""), last["name"]]}
@@ -329,7 +340,7 @@ class APIHandler:
         predicate = self._predicate(request, rt)
         as_table = self._wants_table(request)
         bookmarks = _flag(query.get("allowWatchBookmarks"))
-        timeout = float(query.get("timeoutSeconds") or DEFAULT_WATCH_TIMEOUT)
+        timeout = _number(query, "timeoutSeconds", DEFAULT_WATCH_TIMEOUT, float)
         if fault is not None and fault.drop_watch_after is not None:
             timeout = min(timeout, fault.drop_watch_after)
         coll = self.cluster.store.collection(rt.storage_key)
