@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import time
 import urllib.parse
 
+import aiohttp
 import pytest
 from apiserver_helpers import CONFIGMAPS, GADGETS, JSON_PATCH, MERGE, Api, WatchStream, configmap, wait_for, widget
 
-from kvtier.testing.apiserver import ThreadedAPIServer
+from kvtier.testing.apiserver import APIServer, ThreadedAPIServer
 
 # -- discovery ---------------------------------------------------------------------------------
 
@@ -360,3 +362,20 @@ def test_watch_bookmarks_and_initial_events():
         assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
         assert sum(e["type"] == "BOOKMARK" for e in events) >= 3  # periodic ones follow
         assert all(e["object"]["kind"] == "ConfigMap" for e in events)
+
+
+async def test_a_client_going_away_ends_its_watch():
+    async with APIServer() as server, aiohttp.ClientSession(server.url) as http:
+        watchers = server.cluster.store.collection(("", "configmaps")).watchers
+        response = await http.get(f"{CONFIGMAPS}?watch=true")
+        for _ in range(100):
+            if watchers:
+                break
+            await asyncio.sleep(0.01)
+        assert len(watchers) == 1
+        response.close()
+        for _ in range(100):
+            if not watchers:
+                break
+            await asyncio.sleep(0.01)
+        assert not watchers

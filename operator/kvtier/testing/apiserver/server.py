@@ -64,7 +64,9 @@ class APIServer:
 
     async def start(self) -> "APIServer":
         self.cluster.start()
-        self._runner = web.AppRunner(self._handler.app(), handle_signals=False, access_log=None, shutdown_timeout=1.0)
+        # handler_cancellation: a client that goes away ends its watch (and frees the watcher) at once.
+        self._runner = web.AppRunner(self._handler.app(), handle_signals=False, access_log=None, shutdown_timeout=1.0,
+                                     handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
