@@ -7,6 +7,7 @@ import yaml
 from apiserver_helpers import CONFIGMAPS, CRDS, MERGE, Api, WatchStream, widget
 
 from kvtier.testing.apiserver import ThreadedAPIServer
+from kvtier.testing.apiserver.table import jsonpath
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
 
@@ -178,3 +179,13 @@ def test_invalid_crds_are_rejected(api):
     assert set(causes(body)) == {f"{base}.properties[code].pattern", f"{base}.x-kubernetes-validations[0].rule",
                                  "spec.versions[0].additionalPrinterColumns[0].type"}
     assert api.get("/apis/test.kvtier.io/v1")[0] == 404  # nothing was registered
+
+
+def test_printer_column_json_paths():
+    obj = {"status": {"conditions": [{"type": "Progressing", "status": "False"}, {"type": "Ready", "status": "True"}],
+                      "kv": {"hit.ratio": 0.5}}, "spec": {"args": ["--a", "--b"]}}
+    assert jsonpath(obj, '.status.conditions[?(@.type=="Ready")].status') == "True"
+    assert jsonpath(obj, "{.status.conditions[?(@.type=='Missing')].status}") is None
+    assert jsonpath(obj, ".status.kv['hit.ratio']") == 0.5
+    assert jsonpath(obj, ".spec.args[1]") == "--b" and jsonpath(obj, ".spec.args[5]") is None
+    assert jsonpath(obj, ".spec.nothing.deeper") is None

@@ -4,8 +4,7 @@ Custom resources get a Name column followed by their CRD's `additionalPrinterCol
 and Age when the CRD declares none); built-ins get the columns of :mod:`.printers` (Name and Age
 for kinds it does not list).  Column JSONPaths support the simple forms CRDs use (`.a.b`,
 `.a[0].b`, `.a['k.x']`, a filter `.a[?(@.type=="Ready")].b` taking the first match, optionally
-wrapped in `{}`); `date` columns are rendered as ages like the
-real server (`5s`, `3m20s`, `2d4h`).
+wrapped in `{}`); `date` columns are rendered as ages like the real server (`5s`, `3m20s`, `2d4h`).
 """
 
 from __future__ import annotations
