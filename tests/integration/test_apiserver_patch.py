@@ -84,6 +84,11 @@ def test_strategic_merge_patch_merges_keyed_lists(api):
     replaced = api.ok("PATCH", f"{DEPLOYMENTS}/web", {"spec": {"template": {"spec": {"containers": [
         {"name": "only", "image": "o:1"}, {"$patch": "replace"}]}}}}, content_type=STRATEGIC)
     assert [c["name"] for c in replaced["spec"]["template"]["spec"]["containers"]] == ["only"]
+    deleted = api.ok("PATCH", f"{DEPLOYMENTS}/web", {"spec": {"strategy": {"$patch": "delete"}}}, content_type=STRATEGIC)
+    assert deleted["spec"]["strategy"]["type"] == "RollingUpdate"  # removed, then defaulted again like the real server
+    cm = api.ok("POST", CONFIGMAPS, {"metadata": {"name": "smp", "labels": {"a": "b"}}})
+    cleared = api.ok("PATCH", f"{CONFIGMAPS}/smp", {"metadata": {"labels": {"$patch": "delete"}}}, content_type=STRATEGIC)
+    assert "labels" not in cleared["metadata"] and cm["metadata"]["labels"] == {"a": "b"}
     # kubectl apply's directives are accepted.
     api.ok("PATCH", f"{DEPLOYMENTS}/web", {"$setElementOrder/finalizers": ["a.example.com/x"],
                                            "metadata": {"$deleteFromPrimitiveList/finalizers": ["b.example.com/y"]}},

@@ -13,8 +13,8 @@ Strategic merge patch, as implemented here:
 * Lists of scalars named `finalizers` merge as a set union (patchStrategy `merge`).
 * Every other list is replaced wholesale (what the real server does for lists without a
   `patchStrategy`, e.g. `args`, `command`, `tolerations`, `volumeClaimTemplates`).
-* Directives: `$patch: delete` on a keyed list item removes it, `$patch: replace` on a map or as
-  a list item replaces the whole map/list, `$deleteFromPrimitiveList/<field>` removes scalars,
+* Directives: `$patch: delete` removes a map or a keyed list item, `$patch: replace` on a map or
+  as a list item replaces the whole map/list, `$deleteFromPrimitiveList/<field>` removes scalars,
   `$setElementOrder/<field>` and `$retainKeys` (sent by `kubectl apply`) are accepted and ignored.
 
 The merge key table applies by field name anywhere in the object, which matches the real
@@ -179,8 +179,6 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
 def _smp_map(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     if patch.get("$patch") == "replace":
         return {k: v for k, v in copy.deepcopy(patch).items() if k != "$patch"}
-    if patch.get("$patch") == "delete":
-        return {}
     result = dict(target)
     for key, value in patch.items():
         if key in ("$patch", "$retainKeys") or key.startswith("$setElementOrder/"):
@@ -193,7 +191,7 @@ def _smp_map(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
             if isinstance(result.get(name), list):
                 result[name] = [v for v in result[name] if repr(v) not in drop]
             continue
-        if value is None:
+        if value is None or (isinstance(value, dict) and value.get("$patch") == "delete"):
             result.pop(key, None)
         elif isinstance(value, dict):
             current = result.get(key)
