@@ -34,6 +34,42 @@ def default_nodes(count: int = 4, *, gpus: int = 8, memory: str = "2Ti", cpu: st
     return [NodeSpec(f"sim-node-{index}", cpu=cpu, memory=memory, gpus=gpus) for index in range(count)]
 
 
+class OperatorThread:
+    """The operator on its own thread and event loop.
+
+    kopf owns its loop: when it stops it cancels every task created after it started, so it must
+    not share a loop with the API server or the pod simulator.
+    """
+
+    def __init__(self, config: OperatorConfig):
+        self.config = config
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._thread = threading.Thread(target=self._main, name="kvtier-operator", daemon=True)
+
+    def _main(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._task = self._loop.create_task(run_operator(self.config, stop_flag=self._stop, ready_flag=self._ready))
+        with contextlib.suppress(asyncio.CancelledError):
+            self._loop.run_until_complete(self._task)
+        self._loop.close()
+
+    def start(self, timeout: float = 60) -> None:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"the operator was not ready within {timeout}s")
+
+    def stop(self, *, crash: bool = False, timeout: float = 30) -> None:
+        if crash and self._loop is not None and self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+            self._thread.join(timeout)
+        # After a crash too: kopf waits for this flag on an executor thread, which would block interpreter exit.
+        self._stop.set()
+        self._thread.join(timeout)
+
+
 class EmbeddedCluster:
     """API emulator + CRDs + pod simulator on the running event loop."""
 
@@ -62,8 +98,7 @@ class EmbeddedCluster:
         self._simulator_task: asyncio.Task[None] | None = None
         #: The kvtier operator's settings (its kubeconfig is this cluster's); None: no operator.
         self.operator = replace(operator, kubeconfig=self.kubeconfig) if operator else None
-        self._operator_task: asyncio.Task[None] | None = None
-        self._operator_stop: asyncio.Event | None = None
+        self._operator_thread: OperatorThread | None = None
 
     async def start(self) -> EmbeddedCluster:
         await self.server.start()
@@ -81,26 +116,16 @@ class EmbeddedCluster:
         return self
 
     async def start_operator(self) -> None:
-        """Run the kvtier operator in-process against this cluster; returns once it is ready."""
-        assert self.operator is not None and self._operator_task is None
-        self._operator_stop, ready = asyncio.Event(), asyncio.Event()
-        self._operator_task = asyncio.create_task(
-            run_operator(self.operator, stop_flag=self._operator_stop, ready_flag=ready), name="kvtier-operator"
-        )
-        await asyncio.wait_for(ready.wait(), timeout=60)
+        """Run the kvtier operator against this cluster (on its own thread); returns once it is ready."""
+        assert self.operator is not None and self._operator_thread is None
+        self._operator_thread = OperatorThread(self.operator)
+        await asyncio.to_thread(self._operator_thread.start)
 
     async def stop_operator(self, *, crash: bool = False) -> None:
         """Stop the operator: gracefully, or (`crash`) by cancelling it wherever it is, like a killed process."""
-        if self._operator_task is None:
-            return
-        if crash:
-            self._operator_task.cancel()
-        else:
-            assert self._operator_stop is not None
-            self._operator_stop.set()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(self._operator_task, timeout=30)
-        self._operator_task = None
+        if self._operator_thread is not None:
+            await asyncio.to_thread(self._operator_thread.stop, crash=crash)
+            self._operator_thread = None
 
     async def stop(self) -> None:
         await self.stop_operator()

@@ -1,0 +1,141 @@
+"""KVPool end to end: admission conditions, the queue, and a ledger that never over-commits under racing
+creations, injected API errors and an operator killed in the middle of allocating."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, STATEFULSETS, STORAGECLASSES
+from kvtier.api.units import parse_quantity
+from tests.conftest import wait_for
+from tests.e2e.helpers import (
+    condition,
+    create_deployment,
+    create_pool,
+    csi_pool,
+    deployment,
+    get,
+    items,
+    kubectl,
+)
+
+
+@pytest.fixture(autouse=True)
+def storage_class(cluster):
+    if get(cluster, STORAGECLASSES, None, "sim-fast") is None:
+        cluster.run(cluster.kube.create(STORAGECLASSES, {
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "sim-fast"},
+            "provisioner": "csi.example.com", "reclaimPolicy": "Delete"}))
+
+
+@pytest.fixture
+def pool(cluster, namespace):
+    """A pool named after the test's namespace; deleted (after its deployments) at the end."""
+    name = f"{namespace}-pool"
+    yield name
+    for item in items(cluster, INFERENCEDEPLOYMENTS, namespace):
+        kubectl(cluster, "delete", "infd", item["metadata"]["name"], "-n", namespace, "--wait=false")
+    wait_for(lambda: not items(cluster, INFERENCEDEPLOYMENTS, namespace), timeout=60, message="deployments gone")
+    kubectl(cluster, "delete", "kvp", name, "--ignore-not-found")
+
+
+def storage_bound(cluster, namespace, name):
+    return condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, name), "StorageBound")
+
+
+def ledger_is_consistent(cluster, pool_name):
+    """The sum of quotas is within capacity, and the summary fields agree with the entries."""
+    status = get(cluster, KVPOOLS, None, pool_name)["status"]
+    capacity = parse_quantity(status["capacity"])
+    total = sum(parse_quantity(a["quota"]) * a["replicas"] for a in status["allocations"])
+    assert total <= capacity, f"over-committed: {total} > {capacity}"
+    assert parse_quantity(status["allocated"]) == total
+    assert condition(get(cluster, KVPOOLS, None, pool_name), "OverCommitted")["status"] == "False"
+    return status
+
+
+def test_unknown_pool_is_reported_then_bound_when_it_appears(cluster, namespace, pool):
+    create_deployment(cluster, deployment(namespace, "early", pool))
+    wait_for(lambda: storage_bound(cluster, namespace, "early").get("reason") == "PoolNotFound", message="PoolNotFound")
+    assert get(cluster, STATEFULSETS, namespace, "early") is None
+    create_pool(cluster, csi_pool(pool, "4Ti"))
+    wait_for(lambda: storage_bound(cluster, namespace, "early").get("status") == "True", message="bound")
+    assert get(cluster, STATEFULSETS, namespace, "early") is not None
+
+
+def test_insufficient_capacity_then_admission_in_order(cluster, namespace, pool):
+    create_pool(cluster, csi_pool(pool, "2Ti"))
+    create_deployment(cluster, deployment(namespace, "first", pool, request="2Ti"))
+    wait_for(lambda: storage_bound(cluster, namespace, "first").get("status") == "True")
+    create_deployment(cluster, deployment(namespace, "second", pool, request="2Ti"))
+    wait_for(lambda: storage_bound(cluster, namespace, "second").get("reason") == "InsufficientCapacity")
+    create_deployment(cluster, deployment(namespace, "third", pool, request="1Ti"))
+    wait_for(lambda: storage_bound(cluster, namespace, "third").get("reason") == "Queued", message="third queued")
+    assert get(cluster, STATEFULSETS, namespace, "second") is None and get(cluster, STATEFULSETS, namespace, "third") is None
+    waiting = [w["name"] for w in get(cluster, KVPOOLS, None, pool)["status"]["waiting"]]
+    assert waiting == ["second", "third"]
+    kubectl(cluster, "delete", "infd", "first", "-n", namespace)
+    # second (older) gets the whole pool; third must not have jumped ahead into the freed space.
+    wait_for(lambda: storage_bound(cluster, namespace, "second").get("status") == "True", message="second admitted")
+    assert storage_bound(cluster, namespace, "third")["status"] == "False"
+    assert [a["name"] for a in ledger_is_consistent(cluster, pool)["allocations"]] == ["second"]
+
+
+def test_racing_creations_with_injected_conflicts_never_over_commit(cluster, namespace, pool):
+    if not cluster.embedded:
+        pytest.skip("needs the embedded cluster's fault injector")
+    create_pool(cluster, csi_pool(pool, "10Ti"))
+    faults = [cluster.server.faults.add(verb="update", resource="kvpools", subresource="status", status=409, times=15),
+              cluster.server.faults.add(verb="update", resource="kvpools", subresource="status", status=500, times=5)]
+    names = [f"d{i:02d}" for i in range(24)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool_of_threads:
+        list(pool_of_threads.map(lambda n: create_deployment(cluster, deployment(namespace, n, pool, request="1Ti")),
+                                 names))
+    try:
+        wait_for(lambda: all(storage_bound(cluster, namespace, n).get("status") for n in names), timeout=90,
+                 interval=0.5, message="every deployment to get a StorageBound condition")
+        status = ledger_is_consistent(cluster, pool)
+        bound = sorted(n for n in names if storage_bound(cluster, namespace, n)["status"] == "True")
+        assert len(bound) == 10 and bound == sorted(a["name"] for a in status["allocations"])
+        assert all(storage_bound(cluster, namespace, n)["reason"] in ("InsufficientCapacity", "Queued")
+                   for n in names if n not in bound)
+        assert all(rule.hits > 0 for rule in faults), "the injected errors were never hit"
+    finally:
+        for rule in faults:
+            cluster.server.faults.remove(rule)
+
+
+def test_operator_killed_mid_allocation_leaves_a_consistent_ledger(cluster, namespace, pool):
+    if not cluster.embedded:
+        pytest.skip("kills and restarts the in-process operator")
+    create_pool(cluster, csi_pool(pool, "6Ti"))
+    names = [f"r{i:02d}" for i in range(12)]
+    slow = cluster.server.faults.add(verb="update", resource="kvpools", subresource="status", delay=0.3, times=None)
+    try:
+        for name in names:
+            create_deployment(cluster, deployment(namespace, name, pool, request="1Ti"))
+        wait_for(lambda: get(cluster, KVPOOLS, None, pool).get("status", {}).get("allocations"), message="allocating")
+        cluster.run(cluster.cluster.stop_operator(crash=True))
+        ledger_is_consistent(cluster, pool)
+    finally:
+        cluster.server.faults.remove(slow)
+        cluster.run(cluster.cluster.start_operator())
+    wait_for(lambda: all(storage_bound(cluster, namespace, n).get("status") for n in names), timeout=90,
+             interval=0.5, message="every deployment decided after the restart")
+    status = ledger_is_consistent(cluster, pool)
+    bound = sorted(n for n in names if storage_bound(cluster, namespace, n)["status"] == "True")
+    assert bound == sorted(a["name"] for a in status["allocations"]) and len(bound) == 6
+
+
+def test_pool_deletion_waits_for_its_deployments(cluster, namespace, pool):
+    create_pool(cluster, csi_pool(pool, "2Ti"))
+    create_deployment(cluster, deployment(namespace, "user", pool))
+    wait_for(lambda: storage_bound(cluster, namespace, "user").get("status") == "True")
+    kubectl(cluster, "delete", "kvp", pool, "--wait=false")
+    held = wait_for(lambda: (p := get(cluster, KVPOOLS, None, pool)) and condition(p, "Ready").get("reason") == "Terminating"
+                    and p, message="the pool held by its finalizer")
+    assert held["metadata"]["deletionTimestamp"] and f"{namespace}/user" in condition(held, "Ready")["message"]
+    kubectl(cluster, "delete", "infd", "user", "-n", namespace)
+    wait_for(lambda: get(cluster, KVPOOLS, None, pool) is None, timeout=30, message="the pool to go")
