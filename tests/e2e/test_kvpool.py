@@ -52,7 +52,9 @@ def ledger_is_consistent(cluster, pool_name):
     total = sum(parse_quantity(a["quota"]) * a["replicas"] for a in status["allocations"])
     assert total <= capacity, f"over-committed: {total} > {capacity}"
     assert parse_quantity(status["allocated"]) == total
-    assert condition(get(cluster, KVPOOLS, None, pool_name), "OverCommitted")["status"] == "False"
+    # The pool's own controller writes its conditions (it may still be retrying injected errors).
+    wait_for(lambda: condition(get(cluster, KVPOOLS, None, pool_name), "OverCommitted").get("status") == "False",
+             message="the pool's OverCommitted condition to be False")
     return status
 
 
