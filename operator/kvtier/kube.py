@@ -248,12 +248,15 @@ class KubeClient:
         *,
         resource_version: str | None = None,
         timeout_seconds: int = 300,
+        label_selector: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Watch events (`{"type", "object"}`) until the server ends the stream."""
         assert self._session is not None, "use KubeClient as an async context manager"
         params: dict[str, Any] = {"watch": "true", "timeoutSeconds": timeout_seconds, "allowWatchBookmarks": "true"}
         if resource_version:
             params["resourceVersion"] = resource_version
+        if label_selector:
+            params["labelSelector"] = label_selector
         url = self.connection.server + resource.path(namespace) + "?" + urlencode(params)
         timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_seconds + 30)
         async with self._session.get(url, timeout=timeout) as reply:

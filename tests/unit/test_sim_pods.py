@@ -1,5 +1,6 @@
 """kvsim engines for simulated pods: one engine per pod behind its vllm, lmcache and probe containers."""
 
+import json
 import pathlib
 import random
 import uuid
@@ -8,10 +9,19 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtier.sim.pods import KvsimEngines, command_line, container_kind, flag
+from kvtier.sim.pods import (
+    DEFAULT_TRACE,
+    TRACES_ENV,
+    KvsimEngines,
+    command_line,
+    container_kind,
+    embedded_engines,
+    find_trace_dir,
+    flag,
+)
+from kvtier.sim.settings import TraceLoad
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "mooncake_synthetic_trace.jsonl"
 LOG_DIR = "/var/run/kvtier/lookup-hashes"
 
 
@@ -95,20 +105,55 @@ async def test_a_pods_three_containers_share_one_engine_and_are_scraped(tmp_path
     assert not (tmp_path / spec["metadata"]["uid"]).exists()
 
 
-async def test_a_pod_replays_the_trace_its_engine_env_names(tmp_path):
-    trace = tmp_path / "trace.jsonl"
-    with open(TRACE) as lines:
-        trace.write_text("".join(next(lines) for _ in range(20)))
-    engines = KvsimEngines(tmp_path / "pods")
-    spec = pod(trace)
-    vllm = spec["spec"]["containers"][0]
-    handle = await engines(spec, vllm, address())
+def write_trace(path, count):
+    """A small Mooncake-format trace: `count` requests at once, each sharing its first block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"timestamp": 0, "input_length": 1024, "output_length": 4,
+                                        "hash_ids": [1, 100 + index]}) + "\n" for index in range(count)))
+    return path
+
+
+async def replayed(engines, spec):
+    """Requests the pod's vllm container replayed (its replay ends with the trace)."""
+    handle = await engines(spec, spec["spec"]["containers"][0], address())
     try:
         [running] = handle.parts
-        assert await running.replay == 20
-        assert engines.server(spec["metadata"]["uid"]).engine.stats.requests == 20
+        if running.replay is None:
+            return None
+        served = await running.replay
+        assert engines.server(spec["metadata"]["uid"]).engine.stats.requests == served
+        return served
     finally:
         await handle.stop()
+
+
+async def test_a_pod_replays_the_trace_its_engine_env_names(tmp_path):
+    trace = write_trace(tmp_path / "trace.jsonl", 20)
+    assert await replayed(KvsimEngines(tmp_path / "pods"), pod(trace)) == 20
+
+
+async def test_a_relative_trace_is_found_in_the_trace_directory(tmp_path):
+    write_trace(tmp_path / "traces" / "mine" / "t.jsonl", 7)
+    engines = KvsimEngines(tmp_path / "pods", trace_dir=tmp_path / "traces")
+    assert await replayed(engines, pod("mine/t.jsonl")) == 7
+
+
+async def test_pods_naming_no_trace_replay_the_default_load_and_others_keep_theirs(tmp_path):
+    write_trace(tmp_path / "traces" / "default.jsonl", 5)
+    own = write_trace(tmp_path / "own.jsonl", 3)
+    engines = KvsimEngines(tmp_path / "pods", trace_dir=tmp_path / "traces", default_load=TraceLoad("default.jsonl"))
+    assert await replayed(engines, pod()) == 5
+    assert await replayed(engines, pod(own)) == 3
+    assert await replayed(KvsimEngines(tmp_path / "idle"), pod()) is None
+
+
+def test_embedded_engines_default_to_the_shared_trace_only_when_it_exists(tmp_path, monkeypatch):
+    write_trace(tmp_path / DEFAULT_TRACE, 1)
+    monkeypatch.setenv(TRACES_ENV, str(tmp_path))
+    assert find_trace_dir() == tmp_path
+    engines = embedded_engines(tmp_path / "pods")
+    assert engines.trace_dir == tmp_path and engines.default_load == TraceLoad(DEFAULT_TRACE, loop=True)
+    assert embedded_engines(tmp_path / "pods", trace_dir=tmp_path / "empty").default_load is None
 
 
 async def test_unknown_containers_get_the_fallback_and_bad_arguments_serve_nothing(tmp_path):

@@ -29,6 +29,15 @@ running the simulator), ``KVSIM_SPEED``, ``KVSIM_TIME_SHIFT``, ``KVSIM_LOOP``,
 through ``spec.engine.env``; three deployments replaying the same trace with different
 ``KVSIM_TIME_SHIFT`` (or different traces) give shifting loads. Every replica replays the whole
 trace (replicas multiply the load; choose ``KVSIM_SPEED`` accordingly).
+
+Traces by name: a relative ``KVSIM_TRACE`` (``mooncake/mooncake_synthetic_trace.jsonl``) is
+looked up in the factory's ``trace_dir``, so a manifest never names a path of one machine.
+:func:`find_trace_dir` gives the usual one: ``$KVTIER_TRACES``, else ``shared/traces`` beside
+the repository (``../shared/traces`` from its root), else none. A vLLM container that sets no
+``KVSIM_TRACE`` replays the factory's ``default_load`` if it has one: :func:`embedded_engines`
+(the embedded cluster's factory) loops :data:`DEFAULT_TRACE` when the trace directory holds it,
+so pods of unmodified manifests (``manifests/examples``) carry live load; without traces they
+serve idle engines (and say so once in the log).
 """
 
 from __future__ import annotations
@@ -50,13 +59,27 @@ from kvtier.probe.options import ProbeOptions
 from kvtier.sim.engine import EngineParams
 from kvtier.probe.service import start_probe
 from kvtier.sim.server import SimServer, open_lookup_log, start_sim
-from kvtier.sim.settings import SERVE_DEFAULTS, settings_from_env
+from kvtier.sim.settings import SERVE_DEFAULTS, TraceLoad, settings_from_env
 from kvtier.testing.engines import EngineFactory, stub_engine
 
 log = logging.getLogger(__name__)
 
 Pod = dict[str, Any]
 Container = dict[str, Any]
+
+#: The trace pods replay when their manifest names none (relative to the trace directory).
+DEFAULT_TRACE = "mooncake/mooncake_synthetic_trace.jsonl"
+#: Environment variable naming the trace directory.
+TRACES_ENV = "KVTIER_TRACES"
+
+
+def find_trace_dir() -> Path | None:
+    """``$KVTIER_TRACES``, else ``shared/traces`` beside the repository (a source checkout), else None."""
+    configured = os.environ.get(TRACES_ENV)
+    if configured:
+        return Path(configured)
+    beside = Path(__file__).resolve().parents[3].parent / "shared" / "traces"
+    return beside if beside.is_dir() else None
 
 
 def command_line(container: Container) -> list[str]:
@@ -126,9 +149,20 @@ class _Handle:
 class KvsimEngines:
     """The factory; ``root`` holds the pods' directories (a temporary directory by default)."""
 
-    def __init__(self, root: str | os.PathLike[str] | None = None, fallback: EngineFactory | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        fallback: EngineFactory | None = None,
+        *,
+        trace_dir: str | os.PathLike[str] | None = None,
+        default_load: TraceLoad | None = None,
+    ) -> None:
         self._root = Path(root) if root is not None else None
         self._fallback = fallback
+        #: Where relative ``KVSIM_TRACE`` names (and a relative ``default_load``) are found.
+        self.trace_dir = Path(trace_dir) if trace_dir is not None else None
+        #: Load of vLLM containers that set no ``KVSIM_TRACE``.
+        self.default_load = default_load
         self._pods: dict[str, _PodSim] = {}
 
     def server(self, uid: str) -> SimServer | None:
@@ -163,6 +197,7 @@ class KvsimEngines:
     async def _start(self, kind: str, words: list[str], container: Container, address: str, sim: _PodSim) -> list[Any]:
         if kind == "vllm":
             _, _, load = settings_from_env(_env(container))
+            load = self._resolve(load or self.default_load)
             return [await start_sim(sim.server, address, port=int(flag(words, "--port") or 8000), load=load)]
         if kind == "lmcache":
             log_dir = flag(words, "--lookup-hash-log-dir")
@@ -188,6 +223,12 @@ class KvsimEngines:
         options = ProbeOptions(**probe_command.make_context("probe", list(words)).params)
         options = replace(options, log_dir=str(_host_path(sim.directory, container, options.log_dir)))
         return [await start_probe(options.build(), address, options.port)]
+
+    def _resolve(self, load: TraceLoad | None) -> TraceLoad | None:
+        """The load with a relative trace path found in :attr:`trace_dir`."""
+        if load is None or self.trace_dir is None or Path(load.path).is_absolute():
+            return load
+        return replace(load, path=str(self.trace_dir / load.path))
 
     def _acquire(self, pod: Pod) -> _PodSim:
         uid = pod["metadata"]["uid"]
@@ -261,5 +302,18 @@ def _host_path(directory: Path, container: Container, path: str) -> Path:
     return directory / "containers" / container.get("name", "container") / target.relative_to(target.anchor)
 
 
-#: The default factory: pods' directories under a temporary directory, the stub engine for other containers.
+#: A factory without default load: pods' directories under a temporary directory, the stub engine for other containers.
 kvsim_engine = KvsimEngines(fallback=stub_engine)
+
+
+def embedded_engines(root: str | os.PathLike[str] | None = None,
+                     trace_dir: str | os.PathLike[str] | None = None) -> KvsimEngines:
+    """The embedded cluster's factory: kvsim for vllm/lmcache/probe containers, the stub for others,
+    and :data:`DEFAULT_TRACE` (looped) as the load of pods that name no trace, when it can be found."""
+    directory = Path(trace_dir) if trace_dir is not None else find_trace_dir()
+    default_load = None
+    if directory is not None and (directory / DEFAULT_TRACE).is_file():
+        default_load = TraceLoad(DEFAULT_TRACE, loop=True)
+    else:
+        log.warning("no trace %s (set %s): simulated pods without KVSIM_TRACE stay idle", DEFAULT_TRACE, TRACES_ENV)
+    return KvsimEngines(root, fallback=stub_engine, trace_dir=directory, default_load=default_load)

@@ -24,7 +24,8 @@ from kvtier.api.crd import build_crds
 from kvtier.controllers import OperatorConfig, run_operator
 from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, Connection, KubeClient
 from kvtier.testing.apiserver import APIServer
-from kvtier.testing.engines import EngineFactory, stub_engine
+from kvtier.sim.pods import embedded_engines
+from kvtier.testing.engines import EngineFactory
 from kvtier.testing.podsim import NodeSpec, PodSimulator
 
 T = TypeVar("T")
@@ -71,7 +72,7 @@ class OperatorThread:
 
 
 class EmbeddedCluster:
-    """API emulator + CRDs + pod simulator on the running event loop."""
+    """API emulator + CRDs + pod simulator on the running event loop (pods run kvsim engines by default)."""
 
     def __init__(
         self,
@@ -79,7 +80,7 @@ class EmbeddedCluster:
         *,
         kubeconfig: str | Path | None = None,
         port: int = 0,
-        engine_factory: EngineFactory = stub_engine,
+        engine_factory: EngineFactory | None = None,
         install_crds: bool = True,
         validate_builtins: bool = True,
         operator: OperatorConfig | None = None,
@@ -91,7 +92,10 @@ class EmbeddedCluster:
             self._tempdir = tempfile.TemporaryDirectory(prefix="kvtier-cluster-")
             kubeconfig = Path(self._tempdir.name) / "kubeconfig"
         self.kubeconfig = Path(kubeconfig)
-        self.engine_factory = engine_factory
+        #: What serves the pods' containers; by default kvsim engines with live trace load
+        #: (:func:`kvtier.sim.pods.embedded_engines`); pass :func:`~kvtier.testing.engines.stub_engine`
+        #: for endpoints that only answer health and quota calls.
+        self.engine_factory = engine_factory if engine_factory is not None else embedded_engines()
         self.install_crds = install_crds
         self.kube: KubeClient | None = None
         self.simulator: PodSimulator | None = None
