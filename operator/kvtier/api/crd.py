@@ -125,6 +125,7 @@ _KINDS: list[dict[str, Any]] = [
             _column("Watermark", ".status.kv.hbmWatermark", "number", description="GPU KV cache in use (0-1)"),
             _column("Hit", ".status.kv.hitRatio.total", "number", description="Prompt tokens served from cache"),
             _column("Storage-Hit", ".status.kv.hitRatio.storage", "number", priority=1),
+            _column("TTFT-P50", ".status.kv.ttftP50Seconds", "number", priority=1),
             _column("Quota", ".status.kv.storage.quota", description="Storage quota per replica"),
             _column("Pool", ".spec.kvCache.storage.poolRef", priority=1),
             _column("Status", f"{_READY}.reason"),

@@ -396,13 +396,35 @@ class StorageUsage(KubeModel):
     """Bytes in use on the storage tier, summed over replicas."""
 
 
+class DemandPoint(KubeModel):
+    capacity: float = Field(ge=0)
+    """Storage per replica, in the curve's unit."""
+    hit_ratio: float = Field(ge=0, le=1)
+    """Share of the probe's lookups that an LRU cache of this capacity would hit."""
+
+
+class DemandCurve(KubeModel):
+    """A few points of the deployment's demand curve (hit ratio as a function of storage per replica)."""
+
+    unit: Literal["bytes", "chunks"]
+    points: list[DemandPoint] = Field(default_factory=list, max_length=16)
+
+
 class KVStatus(KubeModel):
+    """The deployment's KV cache as the engines report it, over the operator's telemetry window."""
+
     hbm_watermark: float | None = Field(default=None, ge=0, le=1)
     """Mean fraction of the GPU KV cache in use over ready replicas."""
+    hbm_watermark_max: float | None = Field(default=None, ge=0, le=1)
+    """Highest fraction of the GPU KV cache in use by any replica in the window."""
     hit_ratio: HitRatio | None = None
     storage: StorageUsage | None = None
     ttft_p50_seconds: float | None = Field(default=None, ge=0)
+    ttft_p99_seconds: float | None = Field(default=None, ge=0)
+    preemptions_per_second: float | None = Field(default=None, ge=0)
+    demand: DemandCurve | None = None
     sampled_at: Timestamp | None = None
+    """When the numbers were last written (they change only on a material change)."""
 
 
 class InferenceDeploymentStatus(KubeModel):
