@@ -29,7 +29,8 @@ def cluster():
     from kvtier.testing.cluster import BackgroundCluster, ExternalCluster
 
     external = os.environ.get("KVTIER_E2E_KUBECONFIG")
-    operator = OperatorConfig(resync_seconds=1.0)
+    operator = OperatorConfig(resync_seconds=1.0, scrape_interval_seconds=1.0, scrape_timeout_seconds=0.5,
+                              status_interval_seconds=1.0)
     with ExternalCluster(external) if external else BackgroundCluster(operator=operator) as running:
         yield running
 

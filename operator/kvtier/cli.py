@@ -126,7 +126,8 @@ def dev_up(kubeconfig: Path, port: int, nodes: int, gpus_per_node: int, memory: 
     from kvtier.testing.cluster import default_nodes, serve_until_signalled
 
     declared = default_nodes(nodes, gpus=gpus_per_node, memory=memory, cpu=cpu)
-    config = OperatorConfig(resync_seconds=resync_seconds) if operator else None
+    config = OperatorConfig(resync_seconds=resync_seconds, scrape_interval_seconds=2.0,
+                            status_interval_seconds=2.0) if operator else None
     asyncio.run(serve_until_signalled(declared, kubeconfig=kubeconfig, port=port, echo=click.echo, operator=config))
 
 
@@ -316,8 +317,24 @@ def sim_replay(scenario_path: Path, json_out: Path, markdown_out: Path | None, p
 @click.option("--probe-image", default=None, help="Image of the kvtier-probe sidecar (the kvtier image).")
 @click.option("--pod-monitor", is_flag=True, help="Render a PodMonitor per deployment (Prometheus Operator CRDs).")
 @click.option("--liveness", default=None, help="Serve liveness on this URL, e.g. http://0.0.0.0:8080/healthz.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Serve the operator's own Prometheus metrics (kvtier_*) on this port at /metrics (0: off).")
+@click.option("--scrape-interval", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
+              help="Seconds between telemetry cycles: every Ready replica's vLLM, LMCache and probe metrics "
+                   "(or the Prometheus queries) feed status.kv and MetricsAvailable.")
+@click.option("--metrics-source", type=click.Choice(["scrape", "prometheus"]), default="scrape", show_default=True,
+              help="scrape: fetch every replica's /metrics directly; prometheus: query --prometheus-url instead "
+                   "(the series your Prometheus scrapes from the PodMonitor).")
+@click.option("--prometheus-url", default=None, metavar="URL",
+              help="Base URL of the Prometheus server for --metrics-source prometheus, e.g. http://prometheus:9090.")
+@click.option("--status-interval", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Least seconds between two telemetry writes of one deployment's status (only material changes "
+                   "are written).")
+@click.option("--telemetry-window", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Seconds of history behind hit ratios, rates and the watermark mean/max.")
 def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: float, lmcache_image: str | None,
-        probe_image: str | None, pod_monitor: bool, liveness: str | None) -> None:
+        probe_image: str | None, pod_monitor: bool, liveness: str | None, metrics_port: int, scrape_interval: float,
+        metrics_source: str, prometheus_url: str | None, status_interval: float, telemetry_window: float) -> None:
     """Run the kvtier operator against a cluster until interrupted."""
     import asyncio
     import dataclasses
@@ -330,5 +347,10 @@ def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: fl
     images = {"lmcache_image": lmcache_image, "probe_image": probe_image}
     render = dataclasses.replace(RenderOptions(), pod_monitor=pod_monitor,
                                  **{key: value for key, value in images.items() if value})
-    config = OperatorConfig(kubeconfig=kubeconfig, namespaces=namespaces, resync_seconds=resync_seconds, render=render)
+    if metrics_source == "prometheus" and not prometheus_url:
+        raise click.BadParameter("--metrics-source prometheus needs --prometheus-url", param_hint="--prometheus-url")
+    config = OperatorConfig(kubeconfig=kubeconfig, namespaces=namespaces, resync_seconds=resync_seconds, render=render,
+                            metrics_port=metrics_port, scrape_interval_seconds=scrape_interval,
+                            metrics_source=metrics_source, prometheus_url=prometheus_url,  # type: ignore[arg-type]
+                            status_interval_seconds=status_interval, telemetry_window_seconds=telemetry_window)
     asyncio.run(run_operator(config, liveness_endpoint=liveness))

@@ -8,8 +8,9 @@ from typing import Any
 
 import kopf
 
-from kvtier.controllers import inferencedeployments, kvpools, runtime
+from kvtier.controllers import inferencedeployments, kvpools, runtime, telemetry
 from kvtier.controllers.runtime import OperatorConfig
+from kvtier.telemetry.metrics import OperatorMetrics
 
 
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
@@ -17,6 +18,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     runtime.register(registry, config)
     kvpools.register(registry, config)
     inferencedeployments.register(registry, config)
+    telemetry.register(registry, config)
     return registry
 
 
@@ -27,7 +29,9 @@ async def run_operator(
     ready_flag: asyncio.Event | threading.Event | None = None,
     liveness_endpoint: str | None = None,
 ) -> None:
-    """Run the operator until `stop_flag` is set (or a signal, in the main thread)."""
+    """Run the operator until `stop_flag` is set (or a signal, in the main thread).
+
+    `memo.metrics` holds the operator's own Prometheus metrics (one registry per run)."""
     scope: dict[str, Any] = {"namespaces": config.namespaces} if config.namespaces else {"clusterwide": True}
     await kopf.operator(
         registry=build_registry(config),
@@ -35,7 +39,7 @@ async def run_operator(
         stop_flag=stop_flag,
         ready_flag=ready_flag,
         liveness_endpoint=liveness_endpoint,
-        memo=kopf.Memo(),
+        memo=kopf.Memo(metrics=OperatorMetrics()),
         **scope,
     )
 

@@ -22,7 +22,7 @@ from kvtier.api.units import format_quantity
 from kvtier.controllers.conditions import set_condition
 from kvtier.controllers.events import post_transitions
 from kvtier.controllers.kvpools import PoolGone, update_pool_status
-from kvtier.controllers.runtime import FIELD_MANAGER, InvalidSpec, OperatorConfig, api_errors, parse
+from kvtier.controllers.runtime import FIELD_MANAGER, InvalidSpec, OperatorConfig, api_errors, measured, parse
 from kvtier.kube import (
     CONFIGMAPS,
     INFERENCEDEPLOYMENTS,
@@ -180,6 +180,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         with api_errors():
             await step.write(kube)
 
+    reconcile = measured("InferenceDeployment", reconcile)
     kopf.on.resume(*DEPLOYMENT, id="reconcile", registry=registry)(reconcile)
     kopf.on.create(*DEPLOYMENT, id="reconcile", registry=registry)(reconcile)
     kopf.on.update(*DEPLOYMENT, id="reconcile", field="spec", registry=registry)(reconcile)

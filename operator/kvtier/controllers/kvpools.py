@@ -7,6 +7,7 @@ admission in the InferenceDeployment controller, the rebalancer — always throu
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from kvtier.api.kvpool import KVPool, KVPoolStatus
 from kvtier.api.units import format_quantity
 from kvtier.controllers.conditions import set_condition
 from kvtier.controllers.events import post_transitions
-from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, api_errors, parse
+from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, api_errors, measured, parse
 from kvtier.kube import KVPOOLS, APIError, KubeClient
 from kvtier.storage import NVMeoFBackend, backend_for
 from kvtier.storage.ledger import allocated, summarise
@@ -121,11 +122,16 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         before = list(body.get("status", {}).get("conditions", []))
         with api_errors():
             try:
-                _, status = await update_pool_status(memo.kube, body.metadata.name, refresh)
+                pool, status = await update_pool_status(memo.kube, body.metadata.name, refresh)
             except PoolGone:
                 return
         await post_transitions(memo.kube, body, before, [c.to_wire() for c in status.conditions])
+        metrics = getattr(memo, "metrics", None)
+        if metrics is not None:
+            metrics.pool_capacity.labels(pool=body.metadata.name).set(pool.spec.capacity)
+            metrics.pool_allocated.labels(pool=body.metadata.name).set(allocated(status))
 
+    reconcile = measured("KVPool", reconcile)
     kopf.on.resume(*POOL, id="reconcile", registry=registry)(reconcile)
     kopf.on.create(*POOL, id="reconcile", registry=registry)(reconcile)
     kopf.on.update(*POOL, id="reconcile", field="spec", registry=registry)(reconcile)
@@ -136,6 +142,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         status = KVPoolStatus.model_validate(body.get("status") or {})
         users = [f"{a.namespace}/{a.name}" for a in status.allocations] + [f"{w.namespace}/{w.name}" for w in status.waiting]
         if not users:
+            metrics = getattr(memo, "metrics", None)
+            for family in (metrics.pool_capacity, metrics.pool_allocated) if metrics is not None else ():
+                with contextlib.suppress(KeyError):
+                    family.remove(body.metadata.name)
             return
         message = f"deletion waits for {len(users)} InferenceDeployment(s) using the pool: {', '.join(users[:5])}"
         conditions = set_condition(list(body.get("status", {}).get("conditions", [])), "Ready", "False",

@@ -8,11 +8,13 @@ let `api_errors` turn API answers into kopf's retry semantics: 409, 429 and 5xx 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 import kopf
@@ -21,11 +23,13 @@ from pydantic import BaseModel, ValidationError
 from kvtier.api.errors import Problem, problems
 from kvtier.kube import APIError, Connection, KubeClient, load_configuration
 from kvtier.render import RenderOptions
+from kvtier.telemetry.report import AlertRules
 
 FIELD_MANAGER = "kvtier"
 FINALIZER = "kvtier.io/finalizer"
 
 M = TypeVar("M", bound=BaseModel)
+H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,33 @@ class OperatorConfig:
     render: RenderOptions = field(default_factory=RenderOptions)
     quota_timeout_seconds: float = 2.0
     """Per-request timeout of calls to the engines' quota API."""
+    metrics_port: int = 0
+    """Port of the operator's own Prometheus metrics (`/metrics`); 0: not served."""
+    metrics_source: Literal["scrape", "prometheus"] = "scrape"
+    """Where engine metrics come from: scraping every Ready replica, or a Prometheus server."""
+    prometheus_url: str | None = None
+    """Base URL of the Prometheus server (`metrics_source="prometheus"`)."""
+    scrape_interval_seconds: float = 15.0
+    """Seconds between telemetry cycles (scrapes or Prometheus queries)."""
+    scrape_timeout_seconds: float = 5.0
+    """Per-request timeout of one scrape (capped at the interval)."""
+    scrape_concurrency: int = 64
+    """Requests in flight at most during a cycle."""
+    telemetry_window_seconds: float = 300.0
+    """Window of the per-deployment statistics (hit ratios, rates, watermark mean and max)."""
+    status_interval_seconds: float = 30.0
+    """Least time between two telemetry writes of one deployment's status (written only on a material change)."""
+    alerts: AlertRules = field(default_factory=AlertRules)
+    """When the watermark or the hit ratio deserve an Event."""
+
+    def __post_init__(self) -> None:
+        if self.metrics_source == "prometheus" and not self.prometheus_url:
+            raise ValueError("metrics_source prometheus needs prometheus_url")
+
+    @property
+    def stale_seconds(self) -> float:
+        """A replica without a sample for this long is stale (three missed cycles)."""
+        return 3 * self.scrape_interval_seconds + self.scrape_timeout_seconds
 
 
 class InvalidSpec(kopf.PermanentError):
@@ -74,6 +105,30 @@ def api_errors() -> Iterator[None]:
         raise kopf.PermanentError(str(error)) from error
     except (aiohttp.ClientError, TimeoutError) as error:
         raise kopf.TemporaryError(f"API unreachable: {error}", delay=5) from error
+
+
+def measured(kind: str, handler: H) -> H:
+    """`handler`, counted and timed in `kvtier_reconcile_total{kind, result}` and
+    `kvtier_reconcile_duration_seconds{kind}` (result: success, retry or error)."""
+
+    @functools.wraps(handler)
+    async def wrapper(**kwargs: Any) -> Any:
+        metrics = getattr(kwargs.get("memo"), "metrics", None)
+        start, result = time.perf_counter(), "success"
+        try:
+            return await handler(**kwargs)
+        except kopf.TemporaryError:
+            result = "retry"
+            raise
+        except Exception:
+            result = "error"
+            raise
+        finally:
+            if metrics is not None:
+                metrics.reconciles.labels(kind=kind, result=result).inc()
+                metrics.reconcile_duration.labels(kind=kind).observe(time.perf_counter() - start)
+
+    return wrapper  # type: ignore[return-value]
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:

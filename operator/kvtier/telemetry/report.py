@@ -1,0 +1,140 @@
+"""What the operator says about a deployment's telemetry: ``status.kv``, ``MetricsAvailable``, Events.
+
+Pure functions over a :class:`~kvtier.telemetry.stats.Summary`:
+
+- :func:`kv_status`: the summary as the wire form of ``status.kv`` (without ``storage.quota``,
+  which the reconcile writes from the pool's ledger);
+- :func:`metrics_condition`: ``MetricsAvailable`` as ``(status, reason, message)``;
+- :class:`Alerts`: Events worth posting as the summaries go by (the watermark staying above a
+  threshold, the hit ratio falling).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from kvtier.api.units import format_quantity
+from kvtier.telemetry.stats import Summary
+
+#: Digits kept in status numbers (the rest is noise, and would make every write "material").
+DIGITS = 4
+#: Points of the demand curve written to status.
+DEMAND_POINTS = 8
+
+
+def _round(value: float | None) -> float | None:
+    if value is None or not math.isfinite(value):
+        return None
+    return round(value, DIGITS)
+
+
+def _ratio(value: float | None) -> float | None:
+    value = _round(value)
+    return None if value is None else min(1.0, max(0.0, value))
+
+
+def _drop_none(mapping: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in mapping.items() if value is not None and value != {}}
+
+
+def demand_points(summary: Summary, count: int = DEMAND_POINTS) -> dict[str, Any] | None:
+    """Up to ``count`` points of the demand curve, spread over its capacities (the last one included)."""
+    curve = summary.demand
+    if curve is None or not curve.capacities or not curve.total or summary.demand_unit not in ("bytes", "chunks"):
+        return None
+    capacities = curve.capacities
+    step = max(1, math.ceil(len(capacities) / count))
+    chosen = list(capacities[step - 1 :: step])[:count]
+    if chosen[-1] != capacities[-1]:
+        chosen[-1] = capacities[-1]
+    points = [{"capacity": float(c), "hitRatio": _ratio(curve.hit_ratio(c))} for c in chosen]
+    return {"unit": summary.demand_unit, "points": points}
+
+
+def kv_status(summary: Summary, sampled_at: datetime | None = None) -> dict[str, Any]:
+    """``status.kv`` (camelCase, rounded; absent numbers left out, so a merge patch keeps the old ones)."""
+    hit = summary.hit_ratio
+    used = summary.storage_used_bytes
+    return _drop_none({
+        "hbmWatermark": _ratio(summary.hbm_watermark_mean),
+        "hbmWatermarkMax": _ratio(summary.hbm_watermark_max),
+        "hitRatio": _drop_none({tier: _ratio(getattr(hit, tier)) for tier in ("hbm", "cpu", "storage", "total")}),
+        "ttftP50Seconds": _round(summary.ttft_p50_seconds),
+        "ttftP99Seconds": _round(summary.ttft_p99_seconds),
+        "preemptionsPerSecond": _round(summary.preemptions_per_second),
+        "storage": {"used": format_quantity(int(used))} if used is not None and math.isfinite(used) else None,
+        "demand": demand_points(summary),
+        "sampledAt": (sampled_at or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    })
+
+
+def metrics_condition(summary: Summary | None, ready_replicas: int, failures: Sequence[str] = ()
+                      ) -> tuple[str, str, str]:
+    """``MetricsAvailable``: True when every Ready replica reports fresh metrics; False saying why
+    when scrapes fail or the numbers are stale; Unknown while there is nothing to scrape yet.
+
+    ``failures`` are this cycle's failed scrapes or queries (``"pod: endpoint: reason: detail"``).
+    """
+    if ready_replicas == 0:
+        return "Unknown", "NoReadyReplicas", "no Ready replica to scrape"
+    if failures:
+        shown = "; ".join(failures[:5]) + (f"; and {len(failures) - 5} more" if len(failures) > 5 else "")
+        return "False", "ScrapeFailed", shown
+    if summary is None:
+        return "Unknown", "NotScrapedYet", "waiting for the first scrape"
+    if summary.stale:
+        return "False", "MetricsStale", summary.stale
+    return "True", "MetricsFresh", f"{summary.replicas} replica(s) reporting"
+
+
+@dataclass(frozen=True)
+class AlertRules:
+    """When :class:`Alerts` speaks up."""
+
+    watermark_threshold: float = 0.9
+    """Mean HBM watermark at or above which a deployment is short of GPU KV cache ..."""
+    watermark_seconds: float = 300.0
+    """... once it has stayed there this long."""
+    hit_ratio_drop: float = 0.2
+    """A fall of the total hit ratio by this much (absolute) below its recent peak."""
+
+
+class Alerts:
+    """Per deployment: turns successive summaries into ``(type, reason, message)`` Events, each once."""
+
+    def __init__(self, rules: AlertRules = AlertRules()) -> None:
+        self.rules = rules
+        self._high_since: float | None = None
+        self._high_reported = False
+        self._peak: float | None = None
+
+    def observe(self, now: float, summary: Summary) -> list[tuple[str, str, str]]:
+        events = []
+        rules = self.rules
+        watermark = summary.hbm_watermark_mean
+        if watermark is not None and watermark >= rules.watermark_threshold:
+            if self._high_since is None:
+                self._high_since = now
+            if not self._high_reported and now - self._high_since >= rules.watermark_seconds:
+                self._high_reported = True
+                events.append(("Warning", "HBMWatermarkHigh",
+                               f"GPU KV cache {watermark:.0%} full (>= {rules.watermark_threshold:.0%} for "
+                               f"{now - self._high_since:.0f}s): requests queue or are preempted"))
+        elif watermark is not None:
+            if self._high_reported:
+                events.append(("Normal", "HBMWatermarkNormal",
+                               f"GPU KV cache {watermark:.0%} full, below {rules.watermark_threshold:.0%} again"))
+            self._high_since, self._high_reported = None, False
+        total = summary.hit_ratio.total
+        if total is not None and summary.stale is None:
+            if self._peak is None or total > self._peak:
+                self._peak = total
+            elif self._peak - total >= rules.hit_ratio_drop:
+                events.append(("Warning", "HitRatioFell",
+                               f"cache hit ratio fell from {self._peak:.0%} to {total:.0%} of prompt tokens"))
+                self._peak = total
+        return events
