@@ -145,6 +145,9 @@ async def test_pods_naming_no_trace_replay_the_default_load_and_others_keep_thei
     assert await replayed(engines, pod()) == 5
     assert await replayed(engines, pod(own)) == 3
     assert await replayed(KvsimEngines(tmp_path / "idle"), pod()) is None
+    silent = pod()
+    silent["spec"]["containers"][0]["env"].append({"name": "KVSIM_TRACE", "value": ""})
+    assert await replayed(engines, silent) is None  # an empty KVSIM_TRACE: no load at all
 
 
 def test_embedded_engines_default_to_the_shared_trace_only_when_it_exists(tmp_path, monkeypatch):

@@ -130,6 +130,7 @@ class TelemetryLoop:
                 await watch
 
     async def cycle(self, scraper: Scraper, prometheus: PrometheusClient | None = None) -> None:
+        started = time.monotonic()  # writes are spaced by cycle starts, which are an interval apart
         by_deployment = self.targets.by_deployment()
         for deployment in self.deployments.values():
             deployment.failures = []
@@ -137,16 +138,15 @@ class TelemetryLoop:
             summaries = await self._scrape(scraper, by_deployment)
         else:
             summaries = await self._query(scraper, prometheus, by_deployment)
-        now = time.monotonic()
         for key, deployment in list(self.deployments.items()):
             targets = by_deployment.get(key, [])
             summary = summaries.get(key)
             condition = metrics_condition(summary, len(targets), deployment.failures)
             self._export(key, summary, condition)
             if summary is not None:
-                for kind, reason, message in deployment.alerts.observe(now, summary):
+                for kind, reason, message in deployment.alerts.observe(started, summary):
                     await post_event(self.kube, deployment.body, kind, reason, message)
-            await self._write(key, deployment, summary, condition, now)
+            await self._write(key, deployment, summary, condition, started)
 
     async def _scrape(self, scraper: Scraper, by_deployment: dict[DeploymentKey, list[Target]]
                       ) -> dict[DeploymentKey, Summary]:
@@ -218,7 +218,7 @@ class TelemetryLoop:
 
     async def _write(self, key: DeploymentKey, deployment: _Deployment, summary: Summary | None,
                      condition: tuple[str, str, str], now: float) -> None:
-        if now - deployment.written_at < self.config.status_interval_seconds:
+        if now - deployment.written_at < self.config.status_interval_seconds - 0.001:
             return
         body = deployment.body
         conditions = list((body.get("status") or {}).get("conditions") or [])

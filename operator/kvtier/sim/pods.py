@@ -34,7 +34,7 @@ Traces by name: a relative ``KVSIM_TRACE`` (``mooncake/mooncake_synthetic_trace.
 looked up in the factory's ``trace_dir``, so a manifest never names a path of one machine.
 :func:`find_trace_dir` gives the usual one: ``$KVTIER_TRACES``, else ``shared/traces`` beside
 the repository (``../shared/traces`` from its root), else none. A vLLM container that sets no
-``KVSIM_TRACE`` replays the factory's ``default_load`` if it has one: :func:`embedded_engines`
+``KVSIM_TRACE`` replays the factory's ``default_load`` if it has one (an empty one: no load): :func:`embedded_engines`
 (the embedded cluster's factory) loops :data:`DEFAULT_TRACE` when the trace directory holds it,
 so pods of unmodified manifests (``manifests/examples``) carry live load; without traces they
 serve idle engines (and say so once in the log).
@@ -196,8 +196,9 @@ class KvsimEngines:
 
     async def _start(self, kind: str, words: list[str], container: Container, address: str, sim: _PodSim) -> list[Any]:
         if kind == "vllm":
-            _, _, load = settings_from_env(_env(container))
-            load = self._resolve(load or self.default_load)
+            env = _env(container)
+            _, _, load = settings_from_env(env)
+            load = self._resolve(load if "KVSIM_TRACE" in env else self.default_load)
             return [await start_sim(sim.server, address, port=int(flag(words, "--port") or 8000), load=load)]
         if kind == "lmcache":
             log_dir = flag(words, "--lookup-hash-log-dir")

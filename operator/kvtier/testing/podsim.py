@@ -574,6 +574,11 @@ class PodSimulator:
             if uid not in alive:
                 await self._stop_pod(uid)
 
+    def engines(self, uid: str) -> list[RunningEngine]:
+        """What serves a running pod's containers, in container order (for fault injection in tests)."""
+        running = self._running.get(uid)
+        return list(running.engines) if running is not None else []
+
     async def _start_pod(self, pod: dict[str, Any]) -> None:
         uid = pod["metadata"]["uid"]
         address = self.addresses.take(uid)
