@@ -31,6 +31,7 @@ import hashlib
 import ipaddress
 import json
 import logging
+import random
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -160,9 +161,14 @@ def is_ready(pod: dict[str, Any]) -> bool:
 
 
 class AddressPool:
-    """Distinct pod addresses in 127.0.0.0/8 (127.0.0.1 is left to the API server)."""
+    """Distinct pod addresses in 127.0.0.0/8 (127.0.0.1 is left to the API server).
 
-    def __init__(self, network: str = "127.1.0.0/16"):
+    By default a random ``127.N.0.0/16`` (N in 100..250, clear of the addresses tests pick by
+    hand), so embedded clusters in parallel processes on one machine do not collide.
+    """
+
+    def __init__(self, network: str | None = None):
+        network = network or f"127.{random.randint(100, 250)}.0.0/16"
         self._free = iter(ipaddress.ip_network(network).hosts())
         self._released: list[str] = []
         self._by_pod: dict[str, str] = {}
