@@ -9,9 +9,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier.sim.pods import KvsimEngines, command_line, container_kind, flag
+from tests.conftest import SHARED
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "mooncake_synthetic_trace.jsonl"
+TRACE = SHARED / "traces" / "mooncake" / "mooncake_synthetic_trace.jsonl"
 LOG_DIR = "/var/run/kvtier/lookup-hashes"
 
 

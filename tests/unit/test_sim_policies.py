@@ -18,10 +18,11 @@ from kvtier.sim.policies import DynamicPolicy, EqualPolicy, Timeline, build_poli
 from kvtier.sim.replay import TenantWorkload
 from kvtier.sim.scenario import load_scenario
 from kvtier.sim.trace import Request
+from tests.conftest import SHARED
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SCENARIOS = ROOT.parent / "shared" / "scenarios"
-TRACES = ROOT.parent / "shared" / "traces" / "mooncake"
+SCENARIOS = SHARED / "scenarios"
+TRACES = SHARED / "traces" / "mooncake"
 
 
 def _stream(seed, count=400, universe=60):

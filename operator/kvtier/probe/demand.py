@@ -56,7 +56,7 @@ class DemandProbe:
         window_seconds: float = 0.0,
         tick_seconds: float = 15.0,
         dedup_request_ids: int = 4096,
-        buckets_per_octave: int = 1,
+        buckets_per_octave: int = 2,
     ) -> None:
         if window_seconds < 0 or tick_seconds <= 0 or chunk_bytes < 0 or dedup_request_ids < 0:
             raise ValueError("window >= 0, tick > 0, chunk bytes >= 0 and dedup size >= 0 are required")

@@ -17,10 +17,7 @@ from kvtier.sim.replay import ReplayResult
 from kvtier.sim.scenario import Scenario, ScenarioTenant
 
 #: Why a policy named by a scenario has no numbers yet.
-NOT_IMPLEMENTED = {
-    "kvtier": "not implemented yet: the kvtier policy (probe curves -> estimator -> allocator -> quota API, "
-    "fed only the simulated pods' metrics) comes with the rebalancer's estimator and actuator",
-}
+NOT_IMPLEMENTED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
