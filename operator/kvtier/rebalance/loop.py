@@ -7,9 +7,10 @@ left), then applies the safety rules of ``spec.rebalance``, in this order:
 - ``Static``: every deployment goes to its request (nothing is estimated); outcome ``static``.
 - nothing to divide (every deployment frozen): ``frozen``.
 - the proposal: ``MarginalGain`` runs the allocator on the curves (a deployment may grow by at
-  most its confidence x the round's step, so thin data moves little); ``Proportional`` shares
-  by weight x access rate. The proposal is then cut to ``maxStep`` of the pool
-  (:func:`~kvtier.rebalance.allocator.limit_step`).
+  most its confidence x the round's step, so thin data moves little; a grown quota is valued by
+  what it earns while it fills, :func:`warmed_curve`, so moves that only pay back after the
+  next rounds are not made); ``Proportional`` shares by weight x access rate. The proposal is
+  then cut to ``maxStep`` of the pool (:func:`~kvtier.rebalance.allocator.limit_step`).
 - ``below-min-gain``: the full proposal's predicted relative gain is under ``minGain``
   (``Proportional``, which predicts no value, compares the moved share of the pool instead).
 - ``cooldown``: the pool moved less than ``cooldown`` ago.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from kvtier.api.kvpool import RebalancePolicy, RebalanceSpec
@@ -98,10 +99,11 @@ class Decision:
     """Predicted relative improvement of the proposal (0.05 = 5%); inf from nothing."""
     value_before: float
     value_after: float
-    """Predicted value (hit value per second) of the movable deployments before and after."""
+    """Predicted value (hit value per second, over the warm-up horizon) of the movable
+    deployments before and after the proposal."""
     frozen: tuple[str, ...] = ()
     reason: str = ""
-    moved_units: int = field(default=0)
+    moved_units: int = 0
 
     @property
     def applies(self) -> bool:
