@@ -246,6 +246,8 @@ def sim_serve(
               help="Half-life of an access's weight in seconds (0: never decay).")
 @click.option("--tick", type=click.FloatRange(0, min_open=True), default=ProbeOptions.tick, show_default=True,
               help="Seconds between decay steps.")
+@click.option("--buckets-per-octave", type=click.IntRange(1), default=ProbeOptions.buckets_per_octave,
+              show_default=True, help="Histogram buckets per doubling of the stack distance.")
 @click.option("--poll-interval", type=click.FloatRange(0, min_open=True), default=ProbeOptions.poll_interval,
               show_default=True, help="Seconds between reads of the log directory.")
 def probe(**options: Any) -> None:

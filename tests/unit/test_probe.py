@@ -14,9 +14,10 @@ from kvtier.probe.demand import DemandProbe, bucket_bounds, hit_curve, scraped_h
 from kvtier.probe.service import Probe
 from kvtier.probe.tail import LogTailer
 from kvtier.sim.lookuplog import LookupHashLog, Rotation
+from tests.conftest import SHARED
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TRACES = ROOT.parent / "shared" / "traces" / "mooncake"
+TRACES = SHARED / "traces" / "mooncake"
 
 
 def trace_requests(name, count):
@@ -86,7 +87,7 @@ def test_a_bounded_stack_is_exact_up_to_its_depth_and_never_grows_beyond(tmp_pat
         demand.feed(line)
         assert demand.tracked_chunks <= 200
     assert demand.tracked_chunks == 200
-    assert demand.bounds == [1, 2, 4, 8, 16, 32, 64, 128, 200]
+    assert demand.bounds == [1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64, 91, 128, 181, 200]
     counts, total, _ = demand.buckets()
     for capacity, hits in zip(demand.bounds, counts):
         assert hits == brute_force_hits(requests, capacity)
@@ -193,6 +194,8 @@ def test_bucket_bounds():
     assert bucket_bounds(1) == [1]
     assert bucket_bounds(8) == [1, 2, 4, 8]
     assert bucket_bounds(1000)[-2:] == [512, 1000]
+    assert bucket_bounds(16, 2) == [1, 2, 3, 4, 6, 8, 11, 16]
+    assert bucket_bounds(64, 64) == list(range(1, 65))
     with pytest.raises(ValueError):
         bucket_bounds(0)
 
@@ -221,8 +224,9 @@ async def test_metrics_endpoint_serves_the_curve_and_counters(tmp_path):
     assert set(families) == {
         "kvtier_probe_stack_distance_chunks", "kvtier_probe_stack_distance_bytes", "kvtier_probe_lookups",
         "kvtier_probe_chunks", "kvtier_probe_garbage_lines", "kvtier_probe_duplicate_lookups",
-        "kvtier_probe_tracked_chunks", "kvtier_probe_max_chunks", "kvtier_probe_chunk_bytes",
-        "kvtier_probe_window_seconds", "kvtier_probe_last_lookup_timestamp_seconds"}
+        "kvtier_probe_decay_ticks", "kvtier_probe_tracked_chunks", "kvtier_probe_max_chunks",
+        "kvtier_probe_chunk_bytes", "kvtier_probe_window_seconds", "kvtier_probe_tick_seconds",
+        "kvtier_probe_last_lookup_timestamp_seconds"}
     names = {sample.name for family in families.values() for sample in family.samples}
     assert all(re.fullmatch(r"kvtier_probe_[a-z0-9_]+", name) for name in names)
     assert {"kvtier_probe_lookups_total", "kvtier_probe_garbage_lines_total"} <= names

@@ -20,11 +20,11 @@ from kvtier.render import (
     render_deployment,
 )
 from kvtier.render.lmcache import RAW_BLOCK_CLASS, RAW_BLOCK_MODULE
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, SHARED
 
 GiB, TiB = 2**30, 2**40
 KUBERNETES_VERSION = "1.33"
-REFERENCE = REPO_ROOT.parent / "shared" / "reference" / "lmcache-0.5.6-config.md"
+REFERENCE = SHARED / "reference" / "lmcache-0.5.6-config.md"
 MP_CONNECTOR = (
     '{"kv_connector":"LMCacheMPConnector","kv_role":"kv_both",'
     '"kv_connector_extra_config":{"lmcache.mp.host":"tcp://localhost","lmcache.mp.port":5555}}'

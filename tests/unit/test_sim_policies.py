@@ -18,10 +18,11 @@ from kvtier.sim.policies import DynamicPolicy, EqualPolicy, Timeline, build_poli
 from kvtier.sim.replay import TenantWorkload
 from kvtier.sim.scenario import load_scenario
 from kvtier.sim.trace import Request
+from tests.conftest import SHARED
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SCENARIOS = ROOT.parent / "shared" / "scenarios"
-TRACES = ROOT.parent / "shared" / "traces" / "mooncake"
+SCENARIOS = SHARED / "scenarios"
+TRACES = SHARED / "traces" / "mooncake"
 
 
 def _stream(seed, count=400, universe=60):
@@ -207,13 +208,12 @@ def test_cli_replay_writes_the_readme_json_markdown_and_plots(tmp_path):
                "--json", str(out / "prefix.json"), "--markdown", str(out / "prefix.md"), "--plot", str(out / "prefix.png")]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    assert "[6/6] kvtier: skipped" in done.stderr and done.stdout == ""
+    assert "[6/6] kvtier: block hit ratio" in done.stderr and done.stdout == ""
     report = json.loads((out / "prefix.json").read_text())
     assert set(report) == {"scenario", "policies"} and report["scenario"] == "prefix"
     policies = report["policies"]
     assert list(policies) == ["equal", "proportional", "shared", "oracle-static", "oracle-dynamic", "kvtier"]
-    assert set(policies["kvtier"]) == {"skipped"} and "not implemented" in policies["kvtier"]["skipped"]
-    for name in ["equal", "proportional", "shared", "oracle-static", "oracle-dynamic"]:
+    for name in ["equal", "proportional", "shared", "oracle-static", "oracle-dynamic", "kvtier"]:
         entry = policies[name]
         assert set(entry) == POLICY_KEYS
         assert set(entry["per_tenant"]) == {"conv", "syn"}
@@ -225,7 +225,7 @@ def test_cli_replay_writes_the_readme_json_markdown_and_plots(tmp_path):
     assert policies["oracle-static"]["hit_blocks"] >= policies["equal"]["hit_blocks"]
     assert policies["oracle-dynamic"]["hit_blocks"] >= policies["oracle-static"]["hit_blocks"]
     markdown = (out / "prefix.md").read_text()
-    assert "| oracle-dynamic |" in markdown and "`kvtier`: not implemented yet" in markdown
+    assert "| oracle-dynamic |" in markdown and "## `kvtier` rounds" in markdown
     assert "](prefix.png)" in markdown
     assert (out / "prefix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

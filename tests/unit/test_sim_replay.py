@@ -13,10 +13,11 @@ from kvtier.sim.policies import EqualPolicy, SharedPolicy, run_policy, split_eve
 from kvtier.sim.replay import Replay, TenantWorkload, percentile
 from kvtier.sim.scenario import auto_replicas, load_scenario
 from kvtier.sim.trace import Request
+from tests.conftest import SHARED
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SCENARIOS = ROOT.parent / "shared" / "scenarios"
-TRACES = ROOT.parent / "shared" / "traces" / "mooncake"
+SCENARIOS = SHARED / "scenarios"
+TRACES = SHARED / "traces" / "mooncake"
 
 PARAMS = EngineParams(
     block_tokens=512,

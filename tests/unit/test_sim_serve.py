@@ -3,7 +3,6 @@ lookup-hash log and the self-driving trace replay."""
 
 import json
 import math
-import pathlib
 import re
 
 import pytest
@@ -23,9 +22,8 @@ from kvtier.sim.server import (
     vllm_app,
 )
 from kvtier.sim.settings import SERVE_DEFAULTS, TraceLoad, settings_from_env
+from tests.conftest import SHARED
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared"
 TRACES = SHARED / "traces" / "mooncake"
 
 # Small blocks so a short prompt spans several; 1 MiB per block makes GiB quotas 1024 blocks.

@@ -19,9 +19,10 @@ from kvtier.sim.stackdist import (
     stream_histogram,
 )
 from kvtier.sim.trace import load_trace
+from tests.conftest import SHARED
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TRACES = ROOT.parent / "shared" / "traces" / "mooncake"
+TRACES = SHARED / "traces" / "mooncake"
 
 
 def brute_force_hits(requests, capacity):

@@ -7,7 +7,8 @@ only if every chunk before it in the lookup does), over the top ``--max-blocks``
 stack and a decaying window (:mod:`kvtier.probe.demand`), and serves on ``/metrics``:
 
 ``kvtier_probe_stack_distance_chunks`` (histogram)
-    Buckets ``le`` = 1, 2, 4, ... (powers of 2 below ``max_chunks``), ``max_chunks``, ``+Inf``.
+    Buckets ``le`` = 1, 2, 3, 4, 6, 8, 11, 16, ... (``--buckets-per-octave`` geometric steps per
+    doubling, 2 by default, rounded; below ``max_chunks``), ``max_chunks``, ``+Inf``.
     ``bucket{le="C"}`` is the weight of the chunk lookups an LRU cache of C chunks would hit
     (the demand curve: hit ratio at capacity C = ``bucket{le="C"} / _count``). ``+Inf`` and
     ``_count`` are every lookup, including cold chunks and chunks deeper than ``max_chunks``.
@@ -18,6 +19,10 @@ stack and a decaying window (:mod:`kvtier.probe.demand`), and serves on ``/metri
     The same counts with ``le`` in bytes of cache: ``le`` = C x chunk bytes.
 ``kvtier_probe_lookups_total``, ``kvtier_probe_chunks_total`` (counters)
     Lookups and chunks read from the log (not decayed; ``rate()`` gives the access rate).
+``kvtier_probe_decay_ticks_total`` (counter), ``kvtier_probe_tick_seconds`` (gauge)
+    Decay steps applied so far, and the seconds between two: the weights of two scrapes differ by
+    ``0.5 ** (ticks x tick / window)``, so a scraper can take the lookups in between exactly
+    (the rebalancer's estimator windows the curve this way, :mod:`kvtier.rebalance.estimator`).
 ``kvtier_probe_garbage_lines_total``, ``kvtier_probe_duplicate_lookups_total`` (counters)
     Lines that were not lookups, and lookups repeating a recent request id (vLLM may look a
     waiting request up again); both skipped.

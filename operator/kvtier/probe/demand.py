@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -31,11 +31,18 @@ STACK_DISTANCE_CHUNKS = "kvtier_probe_stack_distance_chunks"
 STACK_DISTANCE_BYTES = "kvtier_probe_stack_distance_bytes"
 
 
-def bucket_bounds(max_chunks: int) -> list[int]:
-    """Histogram bounds in chunks: the powers of 2 below ``max_chunks``, then ``max_chunks``."""
-    if max_chunks < 1:
-        raise ValueError("max_chunks must be >= 1")
-    return [1 << power for power in range((max_chunks - 1).bit_length()) if 1 << power < max_chunks] + [max_chunks]
+def bucket_bounds(max_chunks: int, per_octave: int = 1) -> list[int]:
+    """Histogram bounds in chunks: ``per_octave`` geometric steps per doubling (rounded, distinct)
+    below ``max_chunks``, then ``max_chunks``. With 1 per octave: the powers of 2."""
+    if max_chunks < 1 or per_octave < 1:
+        raise ValueError("max_chunks and per_octave must be >= 1")
+    bounds: list[int] = []
+    step = 0
+    while (bound := round(2 ** (step / per_octave))) < max_chunks:
+        if not bounds or bound > bounds[-1]:
+            bounds.append(bound)
+        step += 1
+    return bounds + [max_chunks]
 
 
 class DemandProbe:
@@ -49,12 +56,13 @@ class DemandProbe:
         window_seconds: float = 0.0,
         tick_seconds: float = 15.0,
         dedup_request_ids: int = 4096,
+        buckets_per_octave: int = 2,
     ) -> None:
         if window_seconds < 0 or tick_seconds <= 0 or chunk_bytes < 0 or dedup_request_ids < 0:
             raise ValueError("window >= 0, tick > 0, chunk bytes >= 0 and dedup size >= 0 are required")
         decay = 0.5 ** (tick_seconds / window_seconds) if window_seconds else 1.0
         self.window = WindowedStackDistance(max_chunks, decay)
-        self.bounds = bucket_bounds(max_chunks)
+        self.bounds = bucket_bounds(max_chunks, buckets_per_octave)
         self.max_chunks = max_chunks
         self.chunk_bytes = chunk_bytes
         self.window_seconds = window_seconds
@@ -63,6 +71,8 @@ class DemandProbe:
         self.chunks = 0
         self.garbage_lines = 0
         self.duplicate_lookups = 0
+        #: Decay ticks applied so far: weights at two scrapes differ by ``decay ** (ticks difference)``.
+        self.decay_ticks = 0
         self.last_timestamp: float | None = None
         self._next_tick: float | None = None
         self._recent: OrderedDict[str, None] = OrderedDict()
@@ -87,12 +97,19 @@ class DemandProbe:
             self._recent[lookup.request_id] = None
             if len(self._recent) > self._dedup:
                 self._recent.popitem(last=False)
-        self.advance(lookup.timestamp)
-        self.window.access(lookup.chunk_hashes)
+        self.record(lookup.timestamp, lookup.chunk_hashes)
+
+    def record(self, timestamp: float, chunk_hashes: Sequence[Hashable]) -> None:
+        """One lookup (already parsed and deduplicated) at ``timestamp``: its chunks enter the window.
+
+        Any injective spelling of the hashes gives the same histogram (a replay passes block ids).
+        """
+        self.advance(timestamp)
+        self.window.access(chunk_hashes)
         self.lookups += 1
-        self.chunks += len(lookup.chunk_hashes)
-        if self.last_timestamp is None or lookup.timestamp > self.last_timestamp:
-            self.last_timestamp = lookup.timestamp
+        self.chunks += len(chunk_hashes)
+        if self.last_timestamp is None or timestamp > self.last_timestamp:
+            self.last_timestamp = timestamp
 
     def advance(self, now: float) -> None:
         """Let time pass up to ``now`` (unix seconds): the ticks due decay the window."""
@@ -101,15 +118,17 @@ class DemandProbe:
         elif now >= self._next_tick:
             ticks = math.floor((now - self._next_tick) / self.tick_seconds) + 1
             self.window.tick(ticks)
+            self.decay_ticks += ticks
             self._next_tick += ticks * self.tick_seconds
 
     def buckets(self) -> tuple[list[float], float, float]:
         """Cumulative weights at each bound of :attr:`bounds`, the total weight, and the sum of finite distances."""
         histogram = self.window.histogram
-        counts = [0.0] * len(self.bounds)
+        bounds = self.bounds
+        counts = [0.0] * len(bounds)
         total_distance = 0.0
         for distance, weight in histogram.counts.items():
-            counts[(distance - 1).bit_length()] += weight
+            counts[bisect.bisect_left(bounds, distance)] += weight
             total_distance += distance * weight
         running = 0.0
         for index, weight in enumerate(counts):
@@ -132,6 +151,7 @@ class DemandProbe:
             ("kvtier_probe_garbage_lines", "Log lines that are not lookups (skipped).", self.garbage_lines),
             ("kvtier_probe_duplicate_lookups", "Lookups of a request id seen just before (skipped).",
              self.duplicate_lookups),
+            ("kvtier_probe_decay_ticks", "Decay ticks applied to the histogram's weights so far.", self.decay_ticks),
         ):
             counter = CounterMetricFamily(name, doc)
             counter.add_metric([], value)
@@ -141,6 +161,7 @@ class DemandProbe:
             ("kvtier_probe_max_chunks", "Depth of the tracked stack: the curve is exact up to it.", self.max_chunks),
             ("kvtier_probe_chunk_bytes", "Bytes of KV cache per chunk (0: unknown).", self.chunk_bytes),
             ("kvtier_probe_window_seconds", "Half-life of an access's weight (0: no decay).", self.window_seconds),
+            ("kvtier_probe_tick_seconds", "Seconds of log time between two decay ticks.", self.tick_seconds),
         ]
         if self.last_timestamp is not None:
             gauges.append(("kvtier_probe_last_lookup_timestamp_seconds", "Timestamp of the newest lookup read.",

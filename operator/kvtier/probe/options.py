@@ -20,6 +20,7 @@ class ProbeOptions:
     max_blocks: int = 1 << 18
     window: float = 1800.0
     tick: float = 15.0
+    buckets_per_octave: int = 2
     poll_interval: float = 1.0
 
     def build(self) -> Probe:
@@ -27,6 +28,7 @@ class ProbeOptions:
         from kvtier.probe.service import Probe
 
         demand = DemandProbe(
-            self.max_blocks, chunk_bytes=self.chunk_bytes, window_seconds=self.window, tick_seconds=self.tick
+            self.max_blocks, chunk_bytes=self.chunk_bytes, window_seconds=self.window, tick_seconds=self.tick,
+            buckets_per_octave=self.buckets_per_octave,
         )
         return Probe(self.log_dir, demand, poll_seconds=self.poll_interval)

@@ -17,28 +17,25 @@ def plot_replay(scenario: Scenario, runs: Sequence[PolicyRun], path: str | os.Pa
     """Write a PNG: top, block hit ratio per policy and per epoch; below, each partitioned policy's quotas, stacked."""
     from matplotlib.figure import Figure
 
-    done = [run for run in runs if run.result is not None and run.timeline is not None]
-    partitioned = [run for run in done if run.partitioned]
+    partitioned = [run for run in runs if run.partitioned]
     rows = 1 + math.ceil(len(partitioned) / 2)
     figure = Figure(figsize=(13, 4.2 * rows), layout="constrained")
     grid = figure.add_gridspec(rows, 2)
     figure.suptitle(f"kvtier sim replay: {scenario.name} (pool {scenario.capacity_blocks:,} blocks)")
 
     bars = figure.add_subplot(grid[0, 0])
-    names = [run.name for run in done][::-1]
-    ratios = [run.result.overall.block_hit_ratio for run in done][::-1]  # type: ignore[union-attr]
+    names = [run.name for run in runs][::-1]
+    ratios = [run.result.overall.block_hit_ratio for run in runs][::-1]
     bars.barh(names, ratios, color="tab:blue")
     for y, ratio in enumerate(ratios):
         bars.text(ratio, y, f" {ratio:.4f}", va="center")
     bars.set_xlim(0, max(ratios, default=1) * 1.2 or 1)
     bars.set_xlabel("block hit ratio (whole run)")
-    skipped = [run.name for run in runs if run.skipped is not None]
-    bars.set_title("hit ratio per policy" + (f" (skipped: {', '.join(skipped)})" if skipped else ""))
+    bars.set_title("hit ratio per policy")
 
     epochs = figure.add_subplot(grid[0, 1])
-    for run in done:
+    for run in runs:
         timeline = run.timeline
-        assert timeline is not None
         points = list(zip(timeline.times, timeline.hit_blocks, timeline.accessed_blocks))
         times, values = [], []
         for (start, hits0, seen0), (end, hits1, seen1) in zip(points, points[1:]):
@@ -55,7 +52,6 @@ def plot_replay(scenario: Scenario, runs: Sequence[PolicyRun], path: str | os.Pa
     for index, run in enumerate(partitioned):
         axes = figure.add_subplot(grid[1 + index // 2, index % 2])
         timeline = run.timeline
-        assert timeline is not None
         minutes = [t / 60 for t in timeline.times]
         series = [[q.get(tenant, 0) for q in timeline.quotas] for tenant in tenants]
         axes.stackplot(minutes, *series, labels=tenants, step="post", alpha=0.85)

@@ -4,7 +4,7 @@ A policy chooses each tenant's salt (its partition of the pool), the pool and it
 and may register hooks on the :class:`~kvtier.sim.replay.Replay` to move quota as virtual time
 passes. Static: ``shared``, ``equal``, ``proportional``, ``oracle-static``. Dynamic ones subclass
 :class:`DynamicPolicy`, which asks :meth:`DynamicPolicy.decide` for a split every epoch and
-applies it; ``oracle-dynamic`` is one, and the ``kvtier`` policy will be another (see there).
+applies it: ``oracle-dynamic`` and ``kvtier`` (the production rebalancer, :class:`KvtierPolicy`).
 Both oracles divide the pool with the production allocator (:mod:`kvtier.rebalance.allocator`).
 """
 
@@ -15,8 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
+from kvtier.probe.demand import DemandProbe
+from kvtier.probe.options import ProbeOptions
 from kvtier.rebalance.allocator import Demand, allocate, apportion, moved_units
+from kvtier.rebalance.estimator import CounterReading, DemandEstimator, probe_reading
+from kvtier.rebalance.loop import Decision, DeploymentState, LoopSettings, decide
 from kvtier.sim.cache import IsolatedLRU
+from kvtier.sim.engine import RequestOutcome, Tier
 from kvtier.sim.hindsight import Hindsight, HindsightPool
 from kvtier.sim.replay import Replay, ReplayResult, TenantWorkload
 from kvtier.sim.scenario import Scenario
@@ -122,10 +127,7 @@ class DynamicPolicy(Policy):
 
     :meth:`decide` gets the time and the current quotas (what the quota API reports) and returns
     the new split, or None to keep it; the split is checked (every tenant, within the pool) and
-    applied shrinks first, as the actuator does. The ``kvtier`` policy will subclass this: its
-    :meth:`attach` also registers a scrape hook every ``scrapeSeconds`` that hands the simulated
-    pods' metric text (engine and probe expositions) to its estimator, and its :meth:`decide` runs
-    the allocator and the loop's safety rules on the estimated curves, never the trace.
+    applied shrinks first, as the actuator does.
     """
 
     def decide(self, now: float, current: Mapping[str, int]) -> Mapping[str, int] | None:
@@ -181,16 +183,110 @@ class OracleDynamicPolicy(DynamicPolicy):
         return self.splits[index] if index < len(self.splits) else None
 
 
+#: The estimator's half-life, in rebalance intervals: the last interval weighs 15/16 of the
+#: curve (its end most), so a phase change shows at the next round.
+HALF_LIFE_INTERVALS = 0.25
+#: Scrapes a tenant's metrics may miss before its quota is frozen.
+STALE_SCRAPES = 3
+
+
+class KvtierPolicy(DynamicPolicy):
+    """The operator's rebalancer: the production estimator, loop and allocator on what the pods expose.
+
+    Per tenant, one :class:`~kvtier.probe.demand.DemandProbe` (the probe sidecar's code, with its
+    default settings) reads every lookup the tenant's LMCache server would log (each request's
+    chunk hashes at its arrival; block ids stand in for the hex hashes, which changes no
+    distance). Every ``scrapeSeconds`` a hook reads what a scrape would: each probe's histogram
+    and counters (:func:`~kvtier.rebalance.estimator.probe_reading`, the data of its ``/metrics``
+    page), the engines' LMCache counters and the quotas, into one
+    :class:`~kvtier.rebalance.estimator.DemandEstimator` per tenant. Every epoch,
+    :func:`~kvtier.rebalance.loop.decide` turns the estimates into a split with the scenario's
+    ``rebalance`` settings (a pool that moved less than ``cooldown`` ago waits); the replay applies
+    it through the quota semantics (a shrink evicts at once, a grown partition starts empty).
+    Hits are valued in tokens (the scenarios' objective is the hit ratio). Nothing here reads the
+    trace ahead or any simulator state a pod does not expose.
+    """
+
+    name = "kvtier"
+
+    def __init__(self, scenario: Scenario) -> None:
+        rebalance = scenario.rebalance
+        self.settings = LoopSettings(rebalance.policy, rebalance.min_gain, rebalance.max_step,
+                                     rebalance.cooldown_seconds, interval_seconds=scenario.epoch_seconds)
+        self.scenario = scenario
+        self.estimators = {
+            tenant.name: DemandEstimator(HALF_LIFE_INTERVALS * scenario.epoch_seconds,
+                                         STALE_SCRAPES * scenario.scrape_seconds)
+            for tenant in scenario.tenants
+        }
+        self.last_move: float | None = None
+        #: Every epoch's decision, with its time.
+        self.decisions: list[tuple[float, Decision]] = []
+
+    def initial_quotas(self, scenario: Scenario) -> dict[str, int]:
+        return EqualPolicy().initial_quotas(scenario)
+
+    def attach(self, replay: Replay, scenario: Scenario) -> None:
+        defaults = ProbeOptions(log_dir="")
+        probes = {}
+        for tenant in scenario.tenants:
+            probe = probes[tenant.name] = DemandProbe(defaults.max_blocks, window_seconds=defaults.window,
+                                                      tick_seconds=defaults.tick,
+                                                      buckets_per_octave=defaults.buckets_per_octave)
+            for engine in replay.replicas[tenant.name]:
+                engine.listeners.append(_lookup_log(probe))
+
+        def scrape(now: float) -> None:
+            for name, probe in probes.items():
+                probe.advance(now)
+                estimator = self.estimators[name]
+                estimator.observe_probe(probe_reading(probe, now))
+                stats = [engine.stats for engine in replay.replicas[name]]
+                estimator.observe_counters(CounterReading(
+                    now, replay.quota(name), sum(s.external_query_tokens for s in stats),
+                    sum(s.hit_tokens[Tier.STORAGE] for s in stats), sum(s.requests for s in stats)))
+
+        # Registered first: a scrape due with an epoch runs before the epoch's decision.
+        replay.every(scenario.scrape_seconds, scrape)
+        super().attach(replay, scenario)
+
+    def decide(self, now: float, current: Mapping[str, int]) -> Mapping[str, int] | None:
+        scenario = self.scenario
+        capacity = scenario.capacity_blocks
+        states = {}
+        for tenant in scenario.tenants:
+            estimate = self.estimators[tenant.name].estimate(
+                now, capacity, unit_chunks=1, chunk_tokens=scenario.block_tokens,
+                front_chunks=max(tenant.hbm_blocks, tenant.cpu_blocks))
+            states[tenant.name] = DeploymentState(current[tenant.name], estimate, weight=tenant.weight,
+                                                  min_units=tenant.min_blocks, max_units=tenant.max_blocks,
+                                                  unit_tokens=scenario.block_tokens)
+        decision = decide(states, capacity, self.settings, now, self.last_move)
+        self.decisions.append((now, decision))
+        if not decision.applies:
+            return None
+        self.last_move = now
+        return decision.target
+
+
+def _lookup_log(probe: DemandProbe) -> Callable[[RequestOutcome], None]:
+    def record(outcome: RequestOutcome) -> None:
+        probe.record(outcome.arrival, outcome.blocks)
+
+    return record
+
+
 #: Builds a policy from the scenario, its workloads and the (lazily computed, shared) hindsight.
 PolicyFactory = Callable[[Scenario, Sequence[TenantWorkload], Callable[[], Hindsight]], Policy]
 
-#: Every policy the replay implements, by name (``kvtier`` comes with the rebalancer's estimator).
+#: Every policy the replay implements, by name.
 POLICIES: dict[str, PolicyFactory] = {
     "equal": lambda scenario, workloads, hindsight: EqualPolicy(),
     "proportional": lambda scenario, workloads, hindsight: ProportionalPolicy(workloads),
     "shared": lambda scenario, workloads, hindsight: SharedPolicy(),
     "oracle-static": lambda scenario, workloads, hindsight: OracleStaticPolicy(hindsight()),
     "oracle-dynamic": lambda scenario, workloads, hindsight: OracleDynamicPolicy(scenario, hindsight()),
+    "kvtier": lambda scenario, workloads, hindsight: KvtierPolicy(scenario),
 }
 
 

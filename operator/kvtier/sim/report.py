@@ -1,7 +1,7 @@
 """``kvtier sim replay``: run a scenario's policies side by side and report them (JSON, markdown).
 
-The JSON has exactly the shape of ``scenarios/README.md``; a policy that is not implemented yet
-is reported as ``{"skipped": reason}``, never with numbers. Plots: :mod:`kvtier.sim.plots`.
+The JSON has exactly the shape of ``scenarios/README.md``; the markdown adds the ``kvtier``
+policy's rounds (outcome and reason of every decision). Plots: :mod:`kvtier.sim.plots`.
 """
 
 from __future__ import annotations
@@ -12,27 +12,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtier.sim.engine import Tier
-from kvtier.sim.policies import POLICIES, SharedPolicy, Timeline, build_policies, run_policy
+from kvtier.rebalance.loop import Decision
+from kvtier.sim.policies import KvtierPolicy, SharedPolicy, Timeline, build_policies, run_policy
 from kvtier.sim.replay import ReplayResult
 from kvtier.sim.scenario import Scenario, ScenarioTenant
-
-#: Why a policy named by a scenario has no numbers yet.
-NOT_IMPLEMENTED = {
-    "kvtier": "not implemented yet: the kvtier policy (probe curves -> estimator -> allocator -> quota API, "
-    "fed only the simulated pods' metrics) comes with the rebalancer's estimator and actuator",
-}
 
 
 @dataclass(frozen=True)
 class PolicyRun:
-    """One policy's replay: its totals and timeline, or why it was skipped."""
+    """One policy's replay: its totals and timeline (and the rebalancer's decisions, for ``kvtier``)."""
 
     name: str
-    result: ReplayResult | None = None
-    timeline: Timeline | None = None
+    result: ReplayResult
+    timeline: Timeline
     #: False for ``shared``: one LRU, no per-tenant quotas.
     partitioned: bool = True
-    skipped: str | None = None
+    decisions: tuple[tuple[float, Decision], ...] = ()
 
 
 def replay_scenario(
@@ -49,11 +44,6 @@ def replay_scenario(
     progress(f"prepared {', '.join(policies)} ({time.perf_counter() - started:.1f} s)")
     runs = []
     for index, name in enumerate(names, 1):
-        if name not in POLICIES:
-            reason = NOT_IMPLEMENTED.get(name, "not implemented")
-            progress(f"[{index}/{len(names)}] {name}: skipped ({reason})")
-            runs.append(PolicyRun(name, skipped=reason))
-            continue
         started = time.perf_counter()
         policy = policies[name]
         timeline = Timeline()
@@ -62,7 +52,8 @@ def replay_scenario(
             f"[{index}/{len(names)}] {name}: block hit ratio {result.overall.block_hit_ratio:.4f}, "
             f"{timeline.moves} moves ({time.perf_counter() - started:.1f} s)"
         )
-        runs.append(PolicyRun(name, result, timeline, partitioned=not isinstance(policy, SharedPolicy)))
+        decisions = tuple(policy.decisions) if isinstance(policy, KvtierPolicy) else ()
+        runs.append(PolicyRun(name, result, timeline, not isinstance(policy, SharedPolicy), decisions))
     return runs
 
 
@@ -70,9 +61,6 @@ def to_json(scenario: Scenario, runs: Sequence[PolicyRun]) -> dict[str, Any]:
     """The ``--json`` document."""
     policies: dict[str, Any] = {}
     for run in runs:
-        if run.result is None or run.timeline is None:
-            policies[run.name] = {"skipped": run.skipped}
-            continue
         overall = run.result.overall
         policies[run.name] = {
             "block_hit_ratio": overall.block_hit_ratio,
@@ -101,9 +89,8 @@ def _saved_per_storage_hit(scenario: Scenario, tenant: ScenarioTenant) -> float:
 
 
 def to_markdown(scenario: Scenario, runs: Sequence[PolicyRun], plot: str | None = None) -> str:
-    """A summary a reader can take in at a glance: totals, per tenant, the splits, what was skipped."""
+    """A summary a reader can take in at a glance: totals, per tenant, the splits, the rebalancer's rounds."""
     tenants = [tenant.name for tenant in scenario.tenants]
-    done = [run for run in runs if run.result is not None and run.timeline is not None]
     lines = [
         f"# Replay: {scenario.name}",
         "",
@@ -115,30 +102,27 @@ def to_markdown(scenario: Scenario, runs: Sequence[PolicyRun], plot: str | None 
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in runs:
-        if run.result is None or run.timeline is None:
-            lines.append(f"| {run.name} | skipped | | | | | | |")
-            continue
         o = run.result.overall
         lines.append(
             f"| {run.name} | {o.block_hit_ratio:.4f} | {o.token_hit_ratio:.4f} | {o.prefill_seconds_saved:,.1f} | "
             f"{o.ttft_p50_seconds:.3f} | {o.ttft_p99_seconds:.3f} | {run.timeline.moves} | "
             f"{run.timeline.moved_blocks:,} |"
         )
-    if done:
-        accessed = done[0].result.overall.accessed_blocks  # type: ignore[union-attr]
+    if runs:
+        accessed = runs[0].result.overall.accessed_blocks
         lines += ["", f"Block accesses: {accessed:,} (the same for every policy).", ""]
         lines += ["## Block hit ratio per tenant", "", "| policy | " + " | ".join(tenants) + " |",
                   "|---|" + "---:|" * len(tenants)]
-        for run in done:
-            per = run.result.per_tenant  # type: ignore[union-attr]
+        for run in runs:
+            per = run.result.per_tenant
             lines.append(f"| {run.name} | " + " | ".join(f"{per[t].block_hit_ratio:.4f}" for t in tenants) + " |")
         lines += ["", "## Quotas (blocks)", "", "Static splits; for a dynamic policy, the range over its epochs.", "",
                   "| policy | " + " | ".join(tenants) + " |", "|---|" + "---:|" * len(tenants)]
-        for run in done:
+        for run in runs:
             if not run.partitioned:
                 lines.append(f"| {run.name} | " + " | ".join("one LRU" for _ in tenants) + " |")
                 continue
-            quotas = run.timeline.quotas  # type: ignore[union-attr]
+            quotas = run.timeline.quotas
             cells = []
             for tenant in tenants:
                 low, high = min(q.get(tenant, 0) for q in quotas), max(q.get(tenant, 0) for q in quotas)
@@ -148,9 +132,13 @@ def to_markdown(scenario: Scenario, runs: Sequence[PolicyRun], plot: str | None 
               "bandwidth; negative when loading a block from the pool is slower than recomputing it): "
               + ", ".join(f"{t.name} {_saved_per_storage_hit(scenario, t) * 1000:+.1f} ms" for t in scenario.tenants)
               + "."]
-    skipped = [run for run in runs if run.skipped is not None]
-    if skipped:
-        lines += ["", "## Skipped", ""] + [f"- `{run.name}`: {run.skipped}." for run in skipped]
+    for run in runs:
+        if run.decisions:
+            lines += ["", f"## `{run.name}` rounds", "", "| time s | outcome | quotas after | reason |",
+                      "|---:|---|---|---|"]
+            lines += [f"| {now:g} | {decision.outcome} | "
+                      + ", ".join(f"{name} {decision.target[name]:,}" for name in tenants)
+                      + f" | {decision.reason} |" for now, decision in run.decisions]
     if plot:
         lines += ["", f"![quota per tenant over time, hit ratio per policy]({plot})"]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,80 @@
+"""The kvtier replay policy: the production estimator and loop on what simulated pods expose."""
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from kvtier.sim.policies import EqualPolicy, KvtierPolicy, Timeline, run_policy
+from kvtier.sim.scenario import load_scenario
+from tests.conftest import SHARED
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CONVERSATION = SHARED / "traces" / "mooncake" / "mooncake_conversation_trace.jsonl"
+
+
+def _phased_scenario(tmp_path, lines=1000, **extra):
+    """Two tenants replaying the first ``lines`` requests (330 s) of the conversation trace, the
+    second starting when the first ends: a fixed split wastes half the pool on an idle tenant."""
+    if not CONVERSATION.exists():
+        pytest.skip(f"trace {CONVERSATION} is absent")
+    with open(CONVERSATION, encoding="utf-8") as source:
+        head = [next(source) for _ in range(lines)]
+    (tmp_path / "head.jsonl").write_text("".join(head))
+    tenant = {"trace": "head.jsonl", "kvBytesPerToken": 327680, "prefillTokensPerSecond": 20000,
+              "storageReadBytesPerSecond": 5e9}
+    path = tmp_path / "phased.yaml"
+    path.write_text(yaml.safe_dump({
+        "version": 1, "name": "phased", "blockTokens": 512, "epochSeconds": 30, "scrapeSeconds": 5,
+        "pool": {"capacityBlocks": 8000},
+        "tenants": [{**tenant, "name": "first"}, {**tenant, "name": "second", "timeShiftSeconds": 330}],
+        "policies": ["equal", "kvtier"], **extra}))
+    return path
+
+
+def test_kvtier_beats_equal_by_following_the_busy_tenant(tmp_path):
+    scenario = load_scenario(_phased_scenario(tmp_path))
+    workloads = scenario.workloads()
+    equal = run_policy(EqualPolicy(), scenario, workloads)
+    policy, timeline = KvtierPolicy(scenario), Timeline()
+    kvtier = run_policy(policy, scenario, workloads, timeline)
+    assert kvtier.overall.block_hit_ratio > equal.overall.block_hit_ratio + 0.02
+    assert all(sum(quotas.values()) <= 8000 for quotas in timeline.quotas)
+    # Most of the pool with the first tenant while it runs, with the second once it has taken over.
+    at = dict(zip(timeline.times, timeline.quotas))
+    assert at[150.0]["first"] > 6000 and at[480.0]["second"] > 6000
+    assert {decision.outcome for _, decision in policy.decisions} <= {"moved", "below-min-gain"}
+
+
+def test_kvtier_decides_only_from_the_past(tmp_path):
+    """Cutting the traces after 400 s changes no decision made before: nothing reads ahead."""
+    scenario = load_scenario(_phased_scenario(tmp_path))
+    workloads = scenario.workloads()
+    cut = [type(w)(w.name, [r for r in w.requests if r.arrival < 400], w.params, w.salt, w.replicas)
+           for w in workloads]
+    whole, part = KvtierPolicy(scenario), KvtierPolicy(scenario)
+    run_policy(whole, scenario, workloads)
+    run_policy(part, scenario, cut)
+    before = [(now, decision.target) for now, decision in whole.decisions if now <= 400]
+    assert before and before == [(now, decision.target) for now, decision in part.decisions if now <= 400]
+
+
+def test_kvtier_through_the_replay_cli_with_kvpool_safety_settings(tmp_path):
+    path = _phased_scenario(tmp_path, rebalance={"maxStep": 0.25, "cooldownSeconds": 60, "minGain": 0.01})
+    out = tmp_path / "out.json"
+    command = [sys.executable, "-m", "kvtier", "sim", "replay", "--scenario", str(path), "--json", str(out),
+               "--markdown", str(tmp_path / "out.md")]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    policies = json.loads(out.read_text())["policies"]
+    assert policies["kvtier"]["block_hit_ratio"] > policies["equal"]["block_hit_ratio"]
+    markdown = (tmp_path / "out.md").read_text()
+    moved = [int(units) for units in re.findall(r"\| moved \|.*?, (\d+) units,", markdown)]
+    assert moved and max(moved) <= 2000  # a quarter of the pool a round
+    times = [float(time) for time in re.findall(r"^\| (\d+) \| moved \|", markdown, re.MULTILINE)]
+    assert all(later - earlier >= 60 for earlier, later in zip(times, times[1:]))  # the cooldown
+    assert "| cooldown |" in markdown
