@@ -41,6 +41,10 @@ class OperatorConfig:
     render: RenderOptions = field(default_factory=RenderOptions)
     quota_timeout_seconds: float = 2.0
     """Per-request timeout of calls to the engines' quota API."""
+    peering: str | None = None
+    """kopf peering object to join (a ClusterKopfPeering, or a KopfPeering per namespace); None: standalone."""
+    priority: int = 0
+    """Peering priority: a peer with a higher one pauses this operator."""
 
 
 class InvalidSpec(kopf.PermanentError):

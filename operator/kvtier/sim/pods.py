@@ -126,10 +126,13 @@ class _Handle:
 class KvsimEngines:
     """The factory; ``root`` holds the pods' directories (a temporary directory by default)."""
 
-    def __init__(self, root: str | os.PathLike[str] | None = None, fallback: EngineFactory | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str] | None = None, fallback: EngineFactory | None = None, *,
+                 in_pod: bool = False) -> None:
         self._root = Path(root) if root is not None else None
         self._fallback = fallback
         self._pods: dict[str, _PodSim] = {}
+        #: Running inside the pod itself (``kvtier sim pod``): paths are used as the containers name them.
+        self._in_pod = in_pod
 
     def server(self, uid: str) -> SimServer | None:
         """The simulated engine of a running pod."""
@@ -176,7 +179,7 @@ class KvsimEngines:
                     )
                     if (value := flag(words, option)) is not None
                 }
-                lookup_log = open_lookup_log(_host_path(sim.directory, container, log_dir), sim.server.params,
+                lookup_log = open_lookup_log(self._path(sim, container, log_dir), sim.server.params,
                                              **rotation)
                 sim.server.lookup_log = lookup_log
                 sim.closers.append(lookup_log.close)
@@ -186,8 +189,11 @@ class KvsimEngines:
         from kvtier.cli import probe as probe_command
 
         options = ProbeOptions(**probe_command.make_context("probe", list(words)).params)
-        options = replace(options, log_dir=str(_host_path(sim.directory, container, options.log_dir)))
+        options = replace(options, log_dir=str(self._path(sim, container, options.log_dir)))
         return [await start_probe(options.build(), address, options.port)]
+
+    def _path(self, sim: _PodSim, container: Container, path: str) -> Path:
+        return Path(path) if self._in_pod else _host_path(sim.directory, container, path)
 
     def _acquire(self, pod: Pod) -> _PodSim:
         uid = pod["metadata"]["uid"]
