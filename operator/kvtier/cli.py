@@ -380,10 +380,13 @@ def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: fl
     from kvtier.render import RenderOptions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    images = {"lmcache_image": lmcache_image, "probe_image": probe_image,
-              "simulated_engine_image": simulated_engine_image}
+    images = {"lmcache_image": lmcache_image, "probe_image": probe_image}
     render = dataclasses.replace(RenderOptions(), pod_monitor=pod_monitor,
                                  **{key: value for key, value in images.items() if value})
+    if simulated_engine_image:
+        from kvtier.render.simulate import simulated_options
+
+        render = simulated_options(render, simulated_engine_image)
     config = OperatorConfig(kubeconfig=kubeconfig, namespaces=namespaces, resync_seconds=resync_seconds, render=render,
                             peering=peering, priority=priority)
     asyncio.run(run_operator(config, liveness_endpoint=liveness))

@@ -56,7 +56,7 @@ def test_simulated_pods_keep_their_shape_and_run_kvsim(case):
     if "kvtier-probe" in before:  # the engine writes the log the probe reads
         assert {"name": "lookup-hashes", "mountPath": LOOKUP_LOG_DIR, "readOnly": False} in vllm["volumeMounts"]
         assert after["kvtier-probe"] == before["kvtier-probe"]
-    assert all(init["image"] == IMAGE for init in simulated.get("initContainers", []))
+    assert "initContainers" not in simulated  # they prepare the real storage tier, which kvsim does not use
 
 
 def _free_port():
@@ -113,3 +113,41 @@ def test_kvtier_sim_pod_refuses_other_command_lines():
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "not a `vllm serve ...` command line" in result.stderr
+
+
+def test_the_kind_example_fits_a_small_kind_node_only_when_simulated():
+    from kvtier.api.documents import read_documents
+    from kvtier.render import NodeResources, check_fit
+    from kvtier.render.simulate import simulated_options
+    from tests.conftest import REPO_ROOT
+
+    documents = [d for d in read_documents([str(REPO_ROOT / "hack" / "kind")]) if d.ours]
+    models = {type(d.model).__name__: d.model for d in documents}
+    deployment, pool = models["InferenceDeployment"], models["KVPool"]
+    # What hack/kind-e2e.sh gives a kind node on a 4-core, 8 GiB machine: fake GPUs, the host's CPU and memory.
+    node = NodeResources("kind-control-plane", memory=7 * 2**30, gpus=8, cpu_millis=4000)
+    assert check_fit(deployment, [node], simulated_options(RenderOptions(), IMAGE), pool) == []
+    assert check_fit(deployment, [node], RenderOptions(), pool)  # the real engines' overheads would not fit
+
+
+def test_kvtier_run_wires_simulation_and_peering_into_the_operator(monkeypatch):
+    from click.testing import CliRunner
+
+    import kvtier.controllers
+    from kvtier.cli import main
+    from kvtier.render.simulate import simulated_options
+
+    seen = []
+
+    async def run_operator(config, liveness_endpoint=None):
+        seen.append(config)
+
+    monkeypatch.setattr(kvtier.controllers, "run_operator", run_operator)
+    result = CliRunner().invoke(main, ["run", "--simulated-engine-image", IMAGE, "--probe-image", "probe:1",
+                                       "--peering", "kvtier", "--priority", "7"])
+    assert result.exit_code == 0, result.output
+    (config,) = seen
+    assert config.render == simulated_options(RenderOptions(probe_image="probe:1"), IMAGE)
+    assert (config.peering, config.priority) == ("kvtier", 7)
+    result = CliRunner().invoke(main, ["run"])
+    assert seen[-1].render == RenderOptions() and seen[-1].peering is None

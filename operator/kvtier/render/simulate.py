@@ -7,15 +7,20 @@ but runs kvsim: the `vllm` container runs `kvtier sim pod --vllm 'vllm serve ...
 with `/quota`, metrics, lookup-hash log) on the pod's network, exactly as `kvtier.sim.pods` does
 for the embedded cluster's pods. The `lmcache` container idles (its probes reach the kvsim engine
 through the shared pod network); the `kvtier-probe` sidecar is the real probe, reading the lookup-hash
-log from the shared emptyDir, which the `vllm` container now mounts too. Init containers run on the
-same image (it has `sh`, `fallocate` and `truncate`).
+log from the shared emptyDir, which the `vllm` container now mounts too. Init containers, which prepare
+the real storage tier (pre-size LMCache's device file, wipe the disk tier), are dropped: kvsim keeps its
+tiers in memory, and the volume (a kind hostPath directory, created by the kubelet as root) stays
+untouched by the non-root kvtier image.
 """
 
 from __future__ import annotations
 
 import copy
 import shlex
+from dataclasses import replace
 from typing import Any
+
+from kvtier.render.options import RenderOptions
 
 SIM_COMMAND = ["kvtier", "sim", "pod"]
 #: The idle container ends at once on SIGTERM (a bare `sleep` as PID 1 would ignore it).
@@ -42,10 +47,19 @@ def simulate_pod_spec(spec: dict[str, Any], image: str) -> dict[str, Any]:
         lmcache.update(image=image, command=list(IDLE))
         lmcache.pop("args", None)
     vllm.update(image=image, command=list(SIM_COMMAND), args=args)
-    for init in spec.get("initContainers", []):
-        init["image"] = image
+    spec.pop("initContainers", None)
     return spec
 
 
 def _volume(spec: dict[str, Any], name: str) -> dict[str, Any]:
     return next((volume for volume in spec.get("volumes", []) if volume["name"] == name), {})
+
+
+MIB = 2**20
+
+
+def simulated_options(options: RenderOptions, image: str) -> RenderOptions:
+    """`options` for simulated engines from `image`: kvsim needs none of LMCache's CPU and memory overhead,
+    nor NCCL's `/dev/shm`, so pods fit a laptop's kind node (a fit check uses the same options)."""
+    return replace(options, simulated_engine_image=image, lmcache_cpu="100m", lmcache_memory_overhead=128 * MIB,
+                   shm_per_rank=64 * MIB)
