@@ -233,6 +233,52 @@ def sim_serve(
                                            lmcache_prometheus_port=lmcache_prometheus_port, load=load))
 
 
+@sim.command("pod")
+@click.option("--vllm", "vllm_command", required=True, metavar="'vllm serve ...'",
+              help="The pod's vLLM command line, as rendered (one shell-quoted string).")
+@click.option("--lmcache", "lmcache_command", metavar="'lmcache server ...'",
+              help="The pod's LMCache MP server command line, as rendered (its ports, chunk size, lookup-hash log).")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address of every face.")
+def sim_pod(vllm_command: str, lmcache_command: str | None, host: str) -> None:
+    """Run a rendered pod's engines as one kvsim engine (what `kvtier run --simulated-engine-image` renders).
+
+    The simulated load comes from KVSIM_* variables, as in the embedded cluster's pods.
+    """
+    import os
+    import shlex
+
+    from kvtier.sim.pods import KvsimEngines, container_kind
+
+    containers = [{"name": "vllm", "command": shlex.split(vllm_command),
+                   "env": [{"name": k, "value": v} for k, v in os.environ.items() if k.startswith("KVSIM_")]}]
+    if lmcache_command:
+        containers.append({"name": "lmcache", "command": shlex.split(lmcache_command)})
+    expected = {"vllm": "vllm serve", "lmcache": "lmcache server"}
+    for container in containers:
+        kind = container_kind(container)
+        if kind is None or kind[0] != container["name"]:
+            raise click.BadParameter(f"not a `{expected[container['name']]} ...` command line",
+                                     param_hint=f"--{container['name']}")
+    pod = {"metadata": {"uid": "pod", "name": os.environ.get("HOSTNAME", "kvsim")}, "spec": {"containers": containers}}
+
+    async def start() -> Any:
+        engines = KvsimEngines(in_pod=True)
+        handles = [await engines(pod, container, host) for container in containers]
+        if not all(handle.parts for handle in handles):
+            for handle in handles:
+                await handle.stop()
+            raise click.ClickException("the pod's engines could not start (see the log)")
+
+        class Running:
+            async def stop(self) -> None:
+                for handle in reversed(handles):
+                    await handle.stop()
+
+        return Running()
+
+    _run_until_signalled(start)
+
+
 @main.command()
 @click.option("--log-dir", required=True, type=click.Path(file_okay=False),
               help="Directory of the LMCache MP server's lookup-hash log.")
@@ -334,9 +380,16 @@ def sim_replay(scenario_path: Path, json_out: Path, markdown_out: Path | None, p
                    "are written).")
 @click.option("--telemetry-window", type=click.FloatRange(min=1), default=300.0, show_default=True,
               help="Seconds of history behind hit ratios, rates and the watermark mean/max.")
+@click.option("--peering", default=None, metavar="NAME",
+              help="Join this kopf peering (a ClusterKopfPeering, or a KopfPeering per namespace; it must exist): "
+                   "a peer of higher --priority pauses this operator. Default: standalone.")
+@click.option("--priority", type=int, default=0, show_default=True, help="Peering priority (with --peering).")
+@click.option("--simulated-engine-image", default=None, metavar="IMAGE",
+              help="Run every engine under kvsim from this image (the kvtier image): kind and demos, never production.")
 def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: float, lmcache_image: str | None,
         probe_image: str | None, pod_monitor: bool, liveness: str | None, metrics_port: int, scrape_interval: float,
-        metrics_source: str, prometheus_url: str | None, status_interval: float, telemetry_window: float) -> None:
+        metrics_source: str, prometheus_url: str | None, status_interval: float, telemetry_window: float,
+        peering: str | None, priority: int, simulated_engine_image: str | None) -> None:
     """Run the kvtier operator against a cluster until interrupted."""
     import asyncio
     import dataclasses
@@ -349,10 +402,15 @@ def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: fl
     images = {"lmcache_image": lmcache_image, "probe_image": probe_image}
     render = dataclasses.replace(RenderOptions(), pod_monitor=pod_monitor,
                                  **{key: value for key, value in images.items() if value})
+    if simulated_engine_image:
+        from kvtier.render.simulate import simulated_options
+
+        render = simulated_options(render, simulated_engine_image)
     if metrics_source == "prometheus" and not prometheus_url:
         raise click.BadParameter("--metrics-source prometheus needs --prometheus-url", param_hint="--prometheus-url")
     config = OperatorConfig(kubeconfig=kubeconfig, namespaces=namespaces, resync_seconds=resync_seconds, render=render,
                             metrics_port=metrics_port, scrape_interval_seconds=scrape_interval,
                             metrics_source=metrics_source, prometheus_url=prometheus_url,  # type: ignore[arg-type]
-                            status_interval_seconds=status_interval, telemetry_window_seconds=telemetry_window)
+                            status_interval_seconds=status_interval, telemetry_window_seconds=telemetry_window,
+                            peering=peering, priority=priority)
     asyncio.run(run_operator(config, liveness_endpoint=liveness))

@@ -33,9 +33,11 @@ async def run_operator(
 
     `memo.metrics` holds the operator's own Prometheus metrics (one registry per run)."""
     scope: dict[str, Any] = {"namespaces": config.namespaces} if config.namespaces else {"clusterwide": True}
+    if config.peering:  # mandatory peering: kopf stops if the peering object does not exist
+        scope.update(peering_name=config.peering, priority=config.priority)
     await kopf.operator(
         registry=build_registry(config),
-        standalone=True,
+        standalone=not config.peering,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
         liveness_endpoint=liveness_endpoint,

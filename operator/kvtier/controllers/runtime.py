@@ -72,6 +72,10 @@ class OperatorConfig:
     def stale_seconds(self) -> float:
         """A replica without a sample for this long is stale (three missed cycles)."""
         return 3 * self.scrape_interval_seconds + self.scrape_timeout_seconds
+    peering: str | None = None
+    """kopf peering object to join (a ClusterKopfPeering, or a KopfPeering per namespace); None: standalone."""
+    priority: int = 0
+    """Peering priority: a peer with a higher one pauses this operator."""
 
 
 class InvalidSpec(kopf.PermanentError):

@@ -50,3 +50,5 @@ class RenderOptions:
     """RuntimeClass of the pods (e.g. `nvidia` where the GPU Operator registers one), if the cluster needs it."""
     pod_monitor: bool = False
     """Render a PodMonitor (set when the `monitoring.coreos.com` CRDs exist)."""
+    simulated_engine_image: str | None = None
+    """Run every engine under kvsim from this image (the kvtier image; kind and demos): see `render.simulate`."""

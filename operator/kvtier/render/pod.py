@@ -32,6 +32,7 @@ from kvtier.api.units import format_quantity
 from kvtier.render import lmcache
 from kvtier.render.meta import config_map_name, labels
 from kvtier.render.options import RenderOptions
+from kvtier.render.simulate import simulate_pod_spec
 from kvtier.render.sizing import GPU_RESOURCE, PROBE_CPU, PROBE_MEMORY_LIMIT, PodSizing, pod_sizing
 from kvtier.render.volumes import KVVolume
 
@@ -272,6 +273,8 @@ def pod_template(plan: PodPlan) -> dict[str, Any]:
         spec["tolerations"] = [toleration.to_wire() for toleration in engine.tolerations]
     if plan.options.runtime_class_name:
         spec["runtimeClassName"] = plan.options.runtime_class_name
+    if plan.options.simulated_engine_image:
+        spec = simulate_pod_spec(spec, plan.options.simulated_engine_image)
     return {
         "metadata": {
             "labels": labels(plan.deployment),

@@ -156,6 +156,7 @@ class KvsimEngines:
         *,
         trace_dir: str | os.PathLike[str] | None = None,
         default_load: TraceLoad | None = None,
+        in_pod: bool = False,
     ) -> None:
         self._root = Path(root) if root is not None else None
         self._fallback = fallback
@@ -164,6 +165,8 @@ class KvsimEngines:
         #: Load of vLLM containers that set no ``KVSIM_TRACE``.
         self.default_load = default_load
         self._pods: dict[str, _PodSim] = {}
+        #: Running inside the pod itself (``kvtier sim pod``): paths are used as the containers name them.
+        self._in_pod = in_pod
 
     def server(self, uid: str) -> SimServer | None:
         """The simulated engine of a running pod."""
@@ -212,7 +215,7 @@ class KvsimEngines:
                     )
                     if (value := flag(words, option)) is not None
                 }
-                lookup_log = open_lookup_log(_host_path(sim.directory, container, log_dir), sim.server.params,
+                lookup_log = open_lookup_log(self._path(sim, container, log_dir), sim.server.params,
                                              **rotation)
                 sim.server.lookup_log = lookup_log
                 sim.closers.append(lookup_log.close)
@@ -222,7 +225,7 @@ class KvsimEngines:
         from kvtier.cli import probe as probe_command
 
         options = ProbeOptions(**probe_command.make_context("probe", list(words)).params)
-        options = replace(options, log_dir=str(_host_path(sim.directory, container, options.log_dir)))
+        options = replace(options, log_dir=str(self._path(sim, container, options.log_dir)))
         return [await start_probe(options.build(), address, options.port)]
 
     def _resolve(self, load: TraceLoad | None) -> TraceLoad | None:
@@ -230,6 +233,9 @@ class KvsimEngines:
         if load is None or self.trace_dir is None or Path(load.path).is_absolute():
             return load
         return replace(load, path=str(self.trace_dir / load.path))
+
+    def _path(self, sim: _PodSim, container: Container, path: str) -> Path:
+        return Path(path) if self._in_pod else _host_path(sim.directory, container, path)
 
     def _acquire(self, pod: Pod) -> _PodSim:
         uid = pod["metadata"]["uid"]
