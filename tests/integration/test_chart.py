@@ -22,8 +22,6 @@ KUBERNETES_VERSIONS = ("1.29.0", "1.35.0")
 #: Kinds of other projects' CRDs (no schema in kubernetes-validate): checked by hand below.
 CUSTOM_KINDS = {"ServiceMonitor", "ClusterKopfPeering", "KopfPeering"}
 #: `kvtier run` flags the telemetry work adds (issue 6); the chart already passes them.
-PENDING_RUN_FLAGS = {"--metrics-port", "--metrics-source", "--prometheus-url", "--scrape-interval"}
-
 EVERYTHING = {
     "watchNamespaces": ["ml-prod", "ml-dev"],
     "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
@@ -125,21 +123,19 @@ def test_the_operator_arguments_are_kvtier_run_options(values):
     assert container["command"] == ["kvtier", "run"]
     known = {opt for param in run_command.params for opt in param.opts}
     unknown = _run_flags(container["args"]) - known
-    assert unknown <= PENDING_RUN_FLAGS, f"not `kvtier run` options: {sorted(unknown - PENDING_RUN_FLAGS)}"
-    # The flags kvtier run has today parse, with the values the chart gives them.
-    current = [arg for arg in container["args"] if arg.split("=", 1)[0] not in PENDING_RUN_FLAGS]
-    params = run_command.make_context("run", current).params
+    assert not unknown, f"not `kvtier run` options: {sorted(unknown)}"
+    params = run_command.make_context("run", list(container["args"])).params
     if values == "everything":
         assert params["namespaces"] == ("ml-prod", "ml-dev")
         assert params["peering"] == "kvtier" and params["priority"] == 10
         assert params["simulated_engine_image"] == params["probe_image"] == "registry.example/kvtier:dev"
         assert params["pod_monitor"] is True and params["lmcache_image"] == "lmcache/vllm-openai:v0.5.6"
-        assert "--prometheus-url=http://prometheus.monitoring:9090" in container["args"]
-        assert "--metrics-source=prometheus" in container["args"] and "--scrape-interval=30" in container["args"]
+        assert params["prometheus_url"] == "http://prometheus.monitoring:9090"
+        assert params["metrics_source"] == "prometheus" and params["scrape_interval"] == 30
     else:
         assert params["namespaces"] == () and params["peering"] is None and params["simulated_engine_image"] is None
         assert params["probe_image"] == "ghcr.io/kvtier/kvtier-operator:0.1.0"
-        assert "--metrics-source=scrape" in container["args"] and "--metrics-port=8080" in container["args"]
+        assert params["metrics_source"] == "scrape" and params["metrics_port"] == 8080
 
 
 def test_metrics_service_and_service_monitor_point_at_the_operator():
