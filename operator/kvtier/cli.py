@@ -316,8 +316,12 @@ def sim_replay(scenario_path: Path, json_out: Path, markdown_out: Path | None, p
 @click.option("--probe-image", default=None, help="Image of the kvtier-probe sidecar (the kvtier image).")
 @click.option("--pod-monitor", is_flag=True, help="Render a PodMonitor per deployment (Prometheus Operator CRDs).")
 @click.option("--liveness", default=None, help="Serve liveness on this URL, e.g. http://0.0.0.0:8080/healthz.")
+@click.option("--operator-namespace", envvar="POD_NAMESPACE", default="kvtier-system", show_default=True,
+              help="The operator's own namespace, where released static volumes are wiped (env POD_NAMESPACE).")
+@click.option("--wipe-image", default=None, help="Image of the Jobs that wipe released static volumes.")
 def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: float, lmcache_image: str | None,
-        probe_image: str | None, pod_monitor: bool, liveness: str | None) -> None:
+        probe_image: str | None, pod_monitor: bool, liveness: str | None, operator_namespace: str,
+        wipe_image: str | None) -> None:
     """Run the kvtier operator against a cluster until interrupted."""
     import asyncio
     import dataclasses
@@ -327,8 +331,9 @@ def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: fl
     from kvtier.render import RenderOptions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    images = {"lmcache_image": lmcache_image, "probe_image": probe_image}
+    images = {"lmcache_image": lmcache_image, "probe_image": probe_image, "wipe_image": wipe_image}
     render = dataclasses.replace(RenderOptions(), pod_monitor=pod_monitor,
                                  **{key: value for key, value in images.items() if value})
-    config = OperatorConfig(kubeconfig=kubeconfig, namespaces=namespaces, resync_seconds=resync_seconds, render=render)
+    config = OperatorConfig(kubeconfig=kubeconfig, namespaces=namespaces, resync_seconds=resync_seconds, render=render,
+                            namespace=operator_namespace)
     asyncio.run(run_operator(config, liveness_endpoint=liveness))

@@ -41,6 +41,8 @@ class OperatorConfig:
     render: RenderOptions = field(default_factory=RenderOptions)
     quota_timeout_seconds: float = 2.0
     """Per-request timeout of calls to the engines' quota API."""
+    namespace: str = "kvtier-system"
+    """The operator's own namespace: released static volumes are wiped there (their claim and Job)."""
 
 
 class InvalidSpec(kopf.PermanentError):

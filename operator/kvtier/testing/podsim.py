@@ -8,7 +8,8 @@ that looks at everything and fixes what differs. Simplifications, deliberately:
   `OrderedReady` creation; scale-down from the highest ordinal; rolling updates delete the
   highest-ordinal outdated pod only while every pod is Ready (one at a time, as `RollingUpdate`
   with `maxUnavailable: 1`); PVCs owned by the StatefulSet only when
-  `persistentVolumeClaimRetentionPolicy.whenDeleted` is `Delete`.
+  `persistentVolumeClaimRetentionPolicy.whenDeleted` is `Delete`; with `whenScaled: Delete` the
+  claims of ordinals scaled away are deleted once their pod is gone.
 - Deployments: pods owned by the Deployment directly (no ReplicaSets), named
   `<deployment>-<revision>-<n>`; new pods first, outdated ones deleted once the new are Ready.
 - Jobs: one pod at a time (`<job>-<random>`), a new one after a failure until `backoffLimit`
@@ -310,6 +311,8 @@ class PodSimulator:
             await self.kube.delete(PODS, namespace, by_ordinal[ordinal]["metadata"]["name"])
             if ordered:
                 break
+        if (spec.get("persistentVolumeClaimRetentionPolicy") or {}).get("whenScaled") == "Delete":
+            await self._delete_condemned_claims(sts, set(by_ordinal))
         current = [by_ordinal[o] for o in sorted(by_ordinal) if o < replicas]
         outdated = [p for p in current if p["metadata"]["labels"].get("controller-revision-hash") != f"{name}-{revision}"]
         if outdated and len(current) == replicas and all(is_ready(p) for p in current):
@@ -328,6 +331,16 @@ class PodSimulator:
         }
         if any((sts.get("status") or {}).get(k) != v for k, v in status.items()):
             await self.kube.patch(STATEFULSETS, namespace, name, {"status": status}, subresource="status")
+
+    async def _delete_condemned_claims(self, sts: dict[str, Any], running: set[int]) -> None:
+        """`whenScaled: Delete`: the claims of ordinals beyond `replicas` go once their pod has."""
+        name, namespace = sts["metadata"]["name"], sts["metadata"]["namespace"]
+        prefixes = [f"{t['metadata']['name']}-{name}-" for t in sts["spec"].get("volumeClaimTemplates", [])]
+        for claim in (await self.kube.list(PERSISTENT_VOLUME_CLAIMS, namespace))["items"]:
+            claim_name = claim["metadata"]["name"]
+            suffix = next((claim_name[len(p):] for p in prefixes if claim_name.startswith(p)), "")
+            if suffix.isdigit() and int(suffix) >= sts["spec"].get("replicas", 1) and int(suffix) not in running:
+                await self.kube.delete(PERSISTENT_VOLUME_CLAIMS, namespace, claim_name)
 
     async def _ensure_claims(self, sts: dict[str, Any], ordinal: int) -> None:
         name, namespace = sts["metadata"]["name"], sts["metadata"]["namespace"]
