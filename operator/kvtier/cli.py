@@ -386,10 +386,14 @@ def sim_replay(scenario_path: Path, json_out: Path, markdown_out: Path | None, p
 @click.option("--priority", type=int, default=0, show_default=True, help="Peering priority (with --peering).")
 @click.option("--simulated-engine-image", default=None, metavar="IMAGE",
               help="Run every engine under kvsim from this image (the kvtier image): kind and demos, never production.")
+@click.option("--operator-namespace", envvar="POD_NAMESPACE", default="kvtier-system", show_default=True,
+              help="The operator's own namespace, where released static volumes are wiped (env POD_NAMESPACE).")
+@click.option("--wipe-image", default=None, help="Image of the Jobs that wipe released static volumes.")
 def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: float, lmcache_image: str | None,
         probe_image: str | None, pod_monitor: bool, liveness: str | None, metrics_port: int, scrape_interval: float,
         metrics_source: str, prometheus_url: str | None, status_interval: float, telemetry_window: float,
-        peering: str | None, priority: int, simulated_engine_image: str | None) -> None:
+        peering: str | None, priority: int, simulated_engine_image: str | None, operator_namespace: str,
+        wipe_image: str | None) -> None:
     """Run the kvtier operator against a cluster until interrupted."""
     import asyncio
     import dataclasses
@@ -399,7 +403,7 @@ def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: fl
     from kvtier.render import RenderOptions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    images = {"lmcache_image": lmcache_image, "probe_image": probe_image}
+    images = {"lmcache_image": lmcache_image, "probe_image": probe_image, "wipe_image": wipe_image}
     render = dataclasses.replace(RenderOptions(), pod_monitor=pod_monitor,
                                  **{key: value for key, value in images.items() if value})
     if simulated_engine_image:
@@ -412,5 +416,5 @@ def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: fl
                             metrics_port=metrics_port, scrape_interval_seconds=scrape_interval,
                             metrics_source=metrics_source, prometheus_url=prometheus_url,  # type: ignore[arg-type]
                             status_interval_seconds=status_interval, telemetry_window_seconds=telemetry_window,
-                            peering=peering, priority=priority)
+                            peering=peering, priority=priority, namespace=operator_namespace)
     asyncio.run(run_operator(config, liveness_endpoint=liveness))

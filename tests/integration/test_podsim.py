@@ -8,6 +8,7 @@ import pytest
 
 from kvtier.kube import (
     DEPLOYMENTS,
+    JOBS,
     NODES,
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
@@ -212,3 +213,47 @@ def test_deployment_pods_roll_new_before_old(cluster, namespace):
              message="the new revision to replace the old")
     status = cluster.run(cluster.kube.get(DEPLOYMENTS, namespace, "api"))["status"]
     assert status["readyReplicas"] == 2 and status["updatedReplicas"] == 2
+
+
+def test_an_expanded_claim_gets_its_volume_and_capacity_grown(cluster, namespace):
+    if cluster.run(cluster.kube.get_or_none(STORAGECLASSES, None, "expandable")) is None:
+        cluster.run(cluster.kube.create(STORAGECLASSES, {
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "expandable"},
+            "provisioner": "csi.example.com", "reclaimPolicy": "Delete", "allowVolumeExpansion": True}))
+    cluster.run(cluster.kube.create(STATEFULSETS, statefulset(namespace, replicas=1, claim_class="expandable")))
+    wait_for(lambda: ready_pods(cluster, namespace) == ["web-0"], message="web-0 ready")
+    cluster.run(cluster.kube.patch(PERSISTENT_VOLUME_CLAIMS, namespace, "kv-store-web-0",
+                                   {"spec": {"resources": {"requests": {"storage": "2Ti"}}}}))
+    claim = wait_for(lambda: (c := cluster.run(cluster.kube.get(PERSISTENT_VOLUME_CLAIMS, namespace, "kv-store-web-0")))
+                     ["status"]["capacity"]["storage"] == "2Ti" and c, message="the claim's capacity to grow")
+    volume = cluster.run(cluster.kube.get(PERSISTENT_VOLUMES, None, claim["spec"]["volumeName"]))
+    assert volume["spec"]["capacity"]["storage"] == "2Ti"
+
+
+def job(namespace, name, backoff_limit=1):
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"backoffLimit": backoff_limit, "template": {"metadata": {}, "spec": {
+                "restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox", "command": ["true"]}]}}}}
+
+
+def test_a_job_runs_one_pod_to_completion(cluster, namespace):
+    cluster.run(cluster.kube.create(JOBS, job(namespace, "once")))
+    done = wait_for(lambda: (j := cluster.run(cluster.kube.get(JOBS, namespace, "once"))).get("status", {})
+                    .get("succeeded") == 1 and j, message="the Job to succeed")
+    assert [c["type"] for c in done["status"]["conditions"]] == ["SuccessCriteriaMet", "Complete"]
+    [pod] = pods(cluster, namespace).values()
+    assert pod["status"]["phase"] == "Succeeded" and pod["metadata"]["labels"]["job-name"] == "once"
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 0
+
+
+def test_a_failing_job_retries_until_its_backoff_limit(cluster, namespace):
+    simulator = cluster.cluster.simulator
+    simulator.exit_code = lambda pod: 1 if pod["metadata"]["namespace"] == namespace else 0
+    try:
+        cluster.run(cluster.kube.create(JOBS, job(namespace, "doomed", backoff_limit=1)))
+        failed = wait_for(lambda: (j := cluster.run(cluster.kube.get(JOBS, namespace, "doomed"))).get("status", {})
+                          .get("conditions") and j, message="the Job to fail")
+    finally:
+        simulator.exit_code = lambda pod: 0
+    assert failed["status"]["failed"] == 2 and failed["status"]["conditions"][-1]["reason"] == "BackoffLimitExceeded"
+    assert sorted(p["status"]["phase"] for p in pods(cluster, namespace).values()) == ["Failed", "Failed"]

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from kvtier.api import KVPool
 from kvtier.api.kvpool import KVPoolStatus
-from kvtier.storage.ledger import Claim, admit, allocated, release
+from kvtier.storage.ledger import Claim, admit, allocated, reclaimed, release
 
 TI = 2**40
 T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
@@ -79,8 +79,31 @@ def test_scaling_keeps_the_quota_and_the_remaining_namespaces():
     status = admit(pool, KVPoolStatus(allocations=[first]), claim("a", replicas=3, request=TI)).status
     grown = status.allocations[0]
     assert grown.volumes[:2] == first.volumes and len(set(grown.volumes)) == 3
-    shrunk = admit(pool, status, claim("a", replicas=1, request=TI)).allocation
-    assert shrunk.volumes == first.volumes[:1] and shrunk.quota == TI
+    shrunk = admit(pool, status, claim("a", replicas=1, request=TI))
+    assert shrunk.allocation.volumes == first.volumes[:1] and shrunk.allocation.quota == TI
+    assert shrunk.status.reclaiming == grown.volumes[1:]
+
+
+def test_released_namespaces_are_not_bound_again_until_reclaimed():
+    pool = nvmeof_pool([TI, TI])
+    status = admit(pool, KVPoolStatus(), claim("a", replicas=2)).status
+    held = status.allocations[0].volumes
+    status = release(pool, status, "uid-a")
+    assert status.reclaiming == held and status.allocated == 0
+    waiting = admit(pool, status, claim("b", age=1))
+    assert waiting.allocation is None and "0 free NVMe-oF namespace" in waiting.message
+    status = reclaimed(pool, waiting.status, {held[0]})
+    assert status.reclaiming == held[1:]
+    assert admit(pool, status, claim("b", age=1)).allocation.volumes == held[:1]
+
+
+def test_a_recreated_deployment_does_not_inherit_its_namesakes_namespaces():
+    pool = nvmeof_pool([TI, TI])
+    status = admit(pool, KVPoolStatus(), claim("a")).status
+    old = status.allocations[0].volumes
+    again = admit(pool, status, Claim(namespace="ml", name="a", uid="uid-a2", created=T0, replicas=1, request=TI,
+                                      min=0, max=TI))
+    assert again.status.reclaiming == old and again.allocation.volumes != old
 
 
 def test_a_refused_scale_up_keeps_what_was_admitted():
@@ -92,7 +115,7 @@ def test_a_refused_scale_up_keeps_what_was_admitted():
 
 
 operations = st.lists(
-    st.tuples(st.sampled_from(["admit", "release"]), st.integers(0, 7), st.integers(0, 4),
+    st.tuples(st.sampled_from(["admit", "release", "reclaim"]), st.integers(0, 7), st.integers(0, 4),
               st.integers(1, 6), st.integers(0, 6)),
     max_size=40,
 )
@@ -103,9 +126,15 @@ operations = st.lists(
 def test_random_claims_never_over_commit_or_share_a_namespace(ops, static):
     pool = nvmeof_pool([TI, 2 * TI, 3 * TI, TI, 2 * TI, 4 * TI], capacity=9 * TI) if static else csi_pool(9 * TI)
     status = KVPoolStatus()
+    used: set[str] = set()  # namespaces that have held data and were not wiped since
     for op, who, replicas, request, minimum in ops:
         if op == "release":
             status = release(pool, status, f"uid-d{who}")
+        if op == "reclaim":
+            used -= set(status.reclaiming)
+            status = reclaimed(pool, status, set(status.reclaiming))
+        if op != "admit":
+            assert used <= {uuid for a in status.allocations for uuid in a.volumes} | set(status.reclaiming)
             continue
         decision = admit(pool, status, claim(f"d{who}", replicas=replicas, request=request * TI // 2,
                                             minimum=min(minimum, request) * TI // 2, age=who))
@@ -115,6 +144,8 @@ def test_random_claims_never_over_commit_or_share_a_namespace(ops, static):
         assert allocated(status) <= pool.spec.capacity
         assert status.available == pool.spec.capacity - allocated(status)
         volumes = [uuid for a in status.allocations for uuid in a.volumes]
-        assert len(volumes) == len(set(volumes))
+        assert len(volumes) == len(set(volumes)) and not set(volumes) & set(status.reclaiming)
+        assert used <= set(volumes) | set(status.reclaiming), "a used namespace became free without a reclaim"
+        used |= set(volumes)
         assert all(len(a.volumes) == a.replicas for a in status.allocations) or not static
         assert len({a.uid for a in status.allocations}) == len(status.allocations)

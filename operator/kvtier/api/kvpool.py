@@ -191,6 +191,9 @@ class RebalanceSpec(KubeModel):
         return self
 
 
+VolumeReclaim = Literal["Wipe", "Retain"]
+
+
 class KVPoolSpec(KubeModel):
     capacity: Quantity
     """Bytes the pool may hand out to deployments (the sum of all storage quotas never exceeds it)."""
@@ -200,6 +203,17 @@ class KVPoolSpec(KubeModel):
     """Bytes per second one replica can write to the pool (advisory)."""
     storage: PoolStorage
     rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec, json_schema_extra={"default": {}})
+    volume_reclaim: VolumeReclaim = "Wipe"
+    """What becomes of a static volume (an NVMe-oF namespace's PersistentVolume, a hostPath directory) once
+    no deployment uses it any more (the deployment was deleted or scaled down), before the namespace
+    can be bound again. `Wipe`: a short Job in the operator's namespace binds the volume and discards
+    (`blkdiscard`, else zeroes) the device, or deletes the cache files of a hostPath directory; only
+    when it succeeds is the PersistentVolume deleted and the namespace free. A failed wipe keeps the
+    namespace out of use and says so in the pool's Degraded condition (delete the failed Job to retry).
+    `Retain`: the PersistentVolume stays `Released` with the previous tenant's data and the namespace
+    is not bound again until an administrator deletes that PersistentVolume. Changing the setting
+    applies to volumes still waiting (switching to Wipe wipes the retained ones). Dynamic CSI volumes
+    follow their StorageClass' reclaimPolicy instead."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -279,6 +293,9 @@ class KVPoolStatus(KubeModel):
     """The ledger: every deployment's share. The sum of `quota` x `replicas` never exceeds `capacity`."""
     waiting: list[WaitingDeployment] = Field(default_factory=list)
     """Deployments waiting for capacity, oldest first."""
+    reclaiming: list[str] = Field(default_factory=list)
+    """Static NVMe-oF namespaces (UUIDs) no deployment holds any more that are not free yet: being wiped,
+    or retained until their PersistentVolume is deleted (`spec.volumeReclaim`)."""
 
 
 class KVPool(KubeModel):

@@ -3,8 +3,11 @@
 One level-based `reconcile` runs on create, spec update, resume and every resync period, so a
 deleted or edited child comes back and status follows the pods. Its steps, each of which may stop
 the pass with a condition saying why: parse -> claim storage from the pool ledger (written
-before anything is actuated) -> check that a replica fits a node -> render -> apply and prune ->
-apply each running replica's storage quota (opens its readiness gate) -> status.
+before anything is actuated) -> check that a replica fits a node -> render (sized by the volumes
+the replicas already have, keeping an existing StatefulSet's fixed parts: `controllers.volumes`)
+-> apply and prune -> expand the claims when `max` grew -> apply each running replica's storage
+quota (opens its readiness gate) -> status. Static volumes are never deleted here: a deployment
+gives them back to its pool, which wipes or retains them (`controllers.reclaim`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from kvtier.api.units import format_quantity
 from kvtier.controllers.conditions import set_condition
 from kvtier.controllers.events import post_transitions
 from kvtier.controllers.kvpools import PoolGone, update_pool_status
+from kvtier.controllers.reclaim import release_volume
 from kvtier.controllers.runtime import FIELD_MANAGER, InvalidSpec, OperatorConfig, api_errors, measured, parse
+from kvtier.controllers.volumes import claims_of, expand_claims, keep_claim_templates, volume_size
 from kvtier.kube import (
     CONFIGMAPS,
     INFERENCEDEPLOYMENTS,
@@ -48,6 +53,8 @@ from kvtier.render import (
     selector,
 )
 from kvtier.render.meta import DEPLOYMENT_NAMESPACE_LABEL
+from kvtier.render.reclaim import RELEASED_LABEL
+from kvtier.render.volumes import kv_volume
 from kvtier.storage.ledger import Claim, Decision, admit, release
 
 DEPLOYMENT = ("kvtier.io", "v1alpha1", "inferencedeployments")
@@ -121,11 +128,11 @@ async def claim_storage(kube: KubeClient, deployment: InferenceDeployment, body:
     return pool, decision
 
 
-def _binding(pool: KVPool, decision: Decision) -> StorageBinding:
+def _binding(pool: KVPool, decision: Decision, size: int | None) -> StorageBinding:
     assert decision.allocation is not None
     inventory = {ns.uuid: ns for ns in (pool.spec.storage.nvmeof.namespaces if pool.spec.storage.nvmeof else [])}
     return StorageBinding(quota=decision.allocation.quota,
-                          namespaces=tuple(inventory[uuid] for uuid in decision.allocation.volumes))
+                          namespaces=tuple(inventory[uuid] for uuid in decision.allocation.volumes), volume_size=size)
 
 
 async def apply_children(kube: KubeClient, children: list[dict[str, Any]]) -> None:
@@ -147,7 +154,11 @@ async def prune_children(kube: KubeClient, deployment: InferenceDeployment, chil
             found = await kube.list(resource, label_selector=f"{DEPLOYMENT_LABEL}={name},"
                                                              f"{DEPLOYMENT_NAMESPACE_LABEL}={namespace}")
         for item in found.get("items", []):
-            if (kind, item["metadata"]["name"]) not in wanted:
+            if (kind, item["metadata"]["name"]) in wanted:
+                continue
+            if kind == "PersistentVolume":
+                await release_volume(kube, item)  # an ordinal scaled away: its pool reclaims the volume
+            else:
                 await kube.delete(resource, item["metadata"].get("namespace"), item["metadata"]["name"])
 
 
@@ -191,7 +202,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         """Volumes go back to the pool only once the deployment is gone: claims, static volumes, ledger entry.
 
         The StatefulSet goes first (it would recreate the claims of its pods), then its claims (kept by
-        `whenDeleted: Retain` for a StatefulSet deleted by hand), then the volumes, then the ledger entry.
+        `whenDeleted: Retain` for a StatefulSet deleted by hand), then the static volumes are given back
+        to the pool (which wipes or retains them), then the ledger entry (its namespaces to `reclaiming`).
         """
         kube: KubeClient = memo.kube
         name, namespace = body.metadata.name, body.metadata.namespace
@@ -205,7 +217,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             volumes = await kube.list(PERSISTENT_VOLUMES, label_selector=f"{DEPLOYMENT_LABEL}={name},"
                                                                           f"{DEPLOYMENT_NAMESPACE_LABEL}={namespace}")
             for volume in volumes.get("items", []):
-                await kube.delete(PERSISTENT_VOLUMES, None, volume["metadata"]["name"])
+                await release_volume(kube, volume)
             pool_ref = (((body.get("spec") or {}).get("kvCache") or {}).get("storage") or {}).get("poolRef")
             if pool_ref:
                 try:
@@ -223,6 +235,9 @@ async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: Oper
     binding: StorageBinding | None = None
     rendered = deployment
     storage = deployment.spec.kv_cache.storage
+    statefulset = await kube.get_or_none(STATEFULSETS, namespace, name)
+    claims = await claims_of(kube, namespace, name) if storage is not None else []
+    quota = 0
     if storage is not None:
         pool, decision = await claim_storage(kube, deployment, body, step)
         if decision.allocation is None:
@@ -231,9 +246,10 @@ async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: Oper
         allocation = decision.allocation
         bound = "True" if allocation.replicas == deployment.spec.replicas else "False"
         step.condition("StorageBound", bound, decision.reason if bound == "False" else "Bound", decision.message)
-        binding = _binding(pool, decision)
+        binding = _binding(pool, decision, volume_size(claims, statefulset))
         rendered = deployment.model_copy(update={"spec": deployment.spec.model_copy(update={"replicas": allocation.replicas})})
-        step.status["kv"] = {"storage": {"quota": format_quantity(allocation.quota)}}
+        quota = kv_volume(rendered, pool, binding, config.render.filesystem_reserve).quota  # capped by the volumes
+        step.status["kv"] = {"storage": {"quota": format_quantity(quota)}}
     reasons = check_fit(deployment, nodes, config.render, pool) if nodes else ["no nodes are known yet"]
     if reasons:
         raise step.stop("DoesNotFit", "; ".join(reasons))
@@ -242,17 +258,36 @@ async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: Oper
     except RenderError as error:
         where = f"{error.field}: " if error.field else ""
         raise step.stop(error.reason, f"{where}{error}") from None
+    if statefulset is not None:
+        problem = keep_claim_templates(next(c for c in children if c["kind"] == "StatefulSet"), statefulset)
+        if problem:
+            raise step.stop("StatefulSetImmutable", problem)
+    for child in children:
+        if child["kind"] == "PersistentVolume" and await _being_reclaimed(kube, child["metadata"]["name"]):
+            raise step.stop("VolumeReclaiming", f"PersistentVolume {child['metadata']['name']} of an earlier replica "
+                                                f"is still being reclaimed (spec.volumeReclaim of KVPool "
+                                                f"{storage.pool_ref if storage else ''}); the replica waits for it",
+                            degraded=False)
     await apply_children(kube, children)
     kinds = [kind for kind in CHILD_RESOURCES if kind != "PodMonitor" or config.render.pod_monitor]
     await prune_children(kube, deployment, children, kinds)
     if storage is not None and binding is not None and deployment.spec.kv_cache.mode == "LMCacheMP":
         pods = await kube.list(PODS, namespace, label_selector=selector(deployment))
-        results = await apply_quotas(kube, http, pods.get("items", []), binding.quota, config.render.lmcache_http_port)
+        results = await apply_quotas(kube, http, pods.get("items", []), quota, config.render.lmcache_http_port)
         failed = [f"{r.pod}: {r.detail}" for r in results if not r.applied and r.detail != "not running yet"]
         if failed:
             step.condition("Degraded", "True", "QuotaNotApplied", "; ".join(failed))
             raise step.stop("QuotaNotApplied", "; ".join(failed))
+    expansion = await expand_claims(kube, deployment, pool, claims) if pool is not None and storage is not None else None
     await _workload_status(kube, deployment, name, namespace, step)
+    if expansion:
+        step.condition("Degraded", "True", "VolumeExpansionNotAllowed", expansion)
+
+
+async def _being_reclaimed(kube: KubeClient, name: str) -> bool:
+    """Whether the PersistentVolume `name` was given back to its pool (the same name rendered again must wait)."""
+    volume = await kube.get_or_none(PERSISTENT_VOLUMES, None, name)
+    return bool(volume and (volume["metadata"].get("labels") or {}).get(RELEASED_LABEL))
 
 
 async def _workload_status(kube: KubeClient, deployment: InferenceDeployment, name: str, namespace: str,

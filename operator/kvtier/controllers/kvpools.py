@@ -1,4 +1,8 @@
-"""KVPool controller: the pool's status (ledger summary, conditions) and its deletion guard.
+"""KVPool controller: the pool's status (ledger summary, conditions), volume reclaim, and its deletion guard.
+
+Each pass first advances the reclaim of the static volumes deployments gave back
+(`kvtier.controllers.reclaim`), then writes the ledger: allocations of deployments that no longer
+exist are released (their namespaces to `reclaiming`), reclaimed namespaces are freed.
 
 The ledger itself (`status.allocations`, `status.waiting`) is changed by whoever needs it —
 admission in the InferenceDeployment controller, the rebalancer — always through
@@ -8,7 +12,7 @@ admission in the InferenceDeployment controller, the rebalancer — always throu
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import kopf
@@ -17,10 +21,11 @@ from kvtier.api.kvpool import KVPool, KVPoolStatus
 from kvtier.api.units import format_quantity
 from kvtier.controllers.conditions import set_condition
 from kvtier.controllers.events import post_transitions
+from kvtier.controllers.reclaim import reclaim_volumes
 from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, api_errors, measured, parse
 from kvtier.kube import KVPOOLS, APIError, KubeClient
 from kvtier.storage import NVMeoFBackend, backend_for
-from kvtier.storage.ledger import allocated, summarise
+from kvtier.storage.ledger import allocated, reclaimed, release
 
 POOL = ("kvtier.io", "v1alpha1", "kvpools")
 DEPLOYMENTS = ("kvtier.io", "v1alpha1", "inferencedeployments")
@@ -57,11 +62,12 @@ async def update_pool_status(
     raise AssertionError("unreachable")
 
 
-def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None) -> list[dict[str, Any]]:
-    """Ready, OverCommitted and Degraded, from the spec and the ledger."""
+def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None,
+                    reclaim_problems: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Ready, OverCommitted and Degraded, from the spec, the ledger and the reclaim pass' problems."""
     conditions = [c.to_wire() for c in status.conditions]
     used = allocated(status)
-    problems = []
+    problems = list(reclaim_problems)
     backend = backend_for(pool)
     if isinstance(backend, NVMeoFBackend):
         ignored = backend.unsupported_options()
@@ -80,11 +86,16 @@ def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None) 
         conditions = set_condition(conditions, "OverCommitted", "False", "WithinCapacity",
                                    f"{format_quantity(used)} of {format_quantity(pool.spec.capacity)} allocated",
                                    generation)
-    if problems:
+    if reclaim_problems:
+        conditions = set_condition(conditions, "Degraded", "True", "WipeFailed", "; ".join(problems), generation)
+    elif problems:
         conditions = set_condition(conditions, "Degraded", "True", "StorageLimitations", "; ".join(problems), generation)
     else:
         conditions = set_condition(conditions, "Degraded", "False", "AsExpected", "", generation)
     waiting = f", {len(status.waiting)} waiting" if status.waiting else ""
+    if status.reclaiming:
+        verb = "being wiped" if pool.spec.volume_reclaim == "Wipe" else "retained until their PersistentVolume is deleted"
+        waiting += f", {len(status.reclaiming)} namespace(s) {verb}"
     return set_condition(conditions, "Ready", "True", "Available",
                          f"{len(status.allocations)} deployment(s) hold {format_quantity(used)}{waiting}", generation)
 
@@ -97,7 +108,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     async def reconcile(body: kopf.Body, memo: kopf.Memo, deployment_uids: kopf.Index, **_: Any) -> None:
         generation = body.metadata.get("generation")
         try:
-            parse(KVPool, body)
+            pool = parse(KVPool, body)
         except InvalidSpec as error:
             conditions = set_condition(list(body.get("status", {}).get("conditions", [])), "Ready", "False",
                                        "InvalidSpec", str(error), generation)
@@ -107,16 +118,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             await post_transitions(memo.kube, body, list(body.get("status", {}).get("conditions", [])), conditions)
             raise
 
+        with api_errors():
+            reclaim = await reclaim_volumes(memo.kube, pool, config.namespace, config.render.wipe_image)
+
         def refresh(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
-            # Entries of deployments that no longer exist (deleted while the operator was down) are dropped.
+            # Entries of deployments that no longer exist (deleted while the operator was down) are released.
             alive = set(deployment_uids)
-            status = status.model_copy(update={
-                "allocations": [a for a in status.allocations if a.uid in alive],
-                "waiting": [w for w in status.waiting if w.uid in alive],
-                "observed_generation": generation,
-            })
-            status = summarise(pool, status)
-            conditions = pool_conditions(pool, status, generation)
+            for uid in {a.uid for a in status.allocations} | {w.uid for w in status.waiting}:
+                if uid not in alive:
+                    status = release(pool, status, uid)
+            status = reclaimed(pool, status, reclaim.freed).model_copy(update={"observed_generation": generation})
+            conditions = pool_conditions(pool, status, generation, reclaim.problems)
             return status.model_validate({**status.to_wire(), "conditions": conditions})
 
         before = list(body.get("status", {}).get("conditions", []))
@@ -139,15 +151,28 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
     @kopf.on.delete(*POOL, id="held-while-used", registry=registry)
     async def held_while_used(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        status = KVPoolStatus.model_validate(body.get("status") or {})
+        # Timers stop once deletion starts: reclaim from here until the last released namespace is free.
+        pool = parse(KVPool, body)
+        with api_errors():
+            reclaim = await reclaim_volumes(memo.kube, pool, config.namespace, config.render.wipe_image)
+            try:
+                _, status = await update_pool_status(memo.kube, body.metadata.name,
+                                                     lambda pool, status: reclaimed(pool, status, reclaim.freed))
+            except PoolGone:
+                return
         users = [f"{a.namespace}/{a.name}" for a in status.allocations] + [f"{w.namespace}/{w.name}" for w in status.waiting]
-        if not users:
+        if users:
+            message = f"deletion waits for {len(users)} InferenceDeployment(s) using the pool: {', '.join(users[:5])}"
+        elif status.reclaiming:
+            message = "; ".join([f"deletion waits for {len(status.reclaiming)} released NVMe-oF namespace(s) to be "
+                                 f"reclaimed (spec.volumeReclaim; Retain keeps them until their PersistentVolumes "
+                                 f"are deleted)", *reclaim.problems])
+        else:
             metrics = getattr(memo, "metrics", None)
             for family in (metrics.pool_capacity, metrics.pool_allocated) if metrics is not None else ():
                 with contextlib.suppress(KeyError):
                     family.remove(body.metadata.name)
             return
-        message = f"deletion waits for {len(users)} InferenceDeployment(s) using the pool: {', '.join(users[:5])}"
         conditions = set_condition(list(body.get("status", {}).get("conditions", [])), "Ready", "False",
                                    "Terminating", message, body.metadata.get("generation"))
         with api_errors():

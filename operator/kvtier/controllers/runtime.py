@@ -63,6 +63,12 @@ class OperatorConfig:
     """Least time between two telemetry writes of one deployment's status (written only on a material change)."""
     alerts: AlertRules = field(default_factory=AlertRules)
     """When the watermark or the hit ratio deserve an Event."""
+    peering: str | None = None
+    """kopf peering object to join (a ClusterKopfPeering, or a KopfPeering per namespace); None: standalone."""
+    priority: int = 0
+    """Peering priority: a peer with a higher one pauses this operator."""
+    namespace: str = "kvtier-system"
+    """The operator's own namespace: released static volumes are wiped there (their claim and Job)."""
 
     def __post_init__(self) -> None:
         if self.metrics_source == "prometheus" and not self.prometheus_url:
@@ -72,10 +78,6 @@ class OperatorConfig:
     def stale_seconds(self) -> float:
         """A replica without a sample for this long is stale (three missed cycles)."""
         return 3 * self.scrape_interval_seconds + self.scrape_timeout_seconds
-    peering: str | None = None
-    """kopf peering object to join (a ClusterKopfPeering, or a KopfPeering per namespace); None: standalone."""
-    priority: int = 0
-    """Peering priority: a peer with a higher one pauses this operator."""
 
 
 class InvalidSpec(kopf.PermanentError):

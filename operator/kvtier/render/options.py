@@ -48,6 +48,9 @@ class RenderOptions:
     """How long vLLM may take to load its model before the startup probe gives up."""
     runtime_class_name: str | None = None
     """RuntimeClass of the pods (e.g. `nvidia` where the GPU Operator registers one), if the cluster needs it."""
+    wipe_image: str = "docker.io/library/debian:bookworm-slim"
+    """Image of the Jobs that wipe released static volumes: needs `sh`, util-linux (`blkdiscard`, `blockdev`)
+    and coreutils `dd` and `find`."""
     pod_monitor: bool = False
     """Render a PodMonitor (set when the `monitoring.coreos.com` CRDs exist)."""
     simulated_engine_image: str | None = None

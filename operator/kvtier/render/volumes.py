@@ -38,6 +38,9 @@ class StorageBinding:
     """Per-replica storage quota in bytes (in-process modes size LMCache's disk tier by it)."""
     namespaces: tuple[NVMeoFNamespace, ...] = ()
     """Static NVMe-oF pools: the array namespace bound to each ordinal, in ordinal order."""
+    volume_size: int | None = None
+    """Bytes the replicas' existing volumes hold, when known (a StatefulSet keeps the claim size it was
+    created with until its claims are expanded); caps the volume the pool would size now."""
 
 
 def default_binding(deployment: InferenceDeployment, pool: KVPool, taken: Collection[str] = ()) -> StorageBinding:
@@ -66,7 +69,7 @@ class KVVolume:
     backend: StorageBackend
     binding: StorageBinding
     size: int
-    """Bytes of each replica's volume (its claim's request)."""
+    """Bytes of each replica's volume: its claim's request, or less when the existing volumes are smaller."""
     reserve: float
     """Fraction of a Filesystem volume left to the filesystem (`RenderOptions.filesystem_reserve`)."""
 
@@ -96,11 +99,13 @@ def kv_volume(
     deployment: InferenceDeployment, pool: KVPool, binding: StorageBinding | None, reserve: float
 ) -> KVVolume:
     backend = backend_for(pool)
+    binding = binding or default_binding(deployment, pool)
+    size = backend.volume_size(deployment)
     return KVVolume(
         pool=pool,
         backend=backend,
-        binding=binding or default_binding(deployment, pool),
-        size=backend.volume_size(deployment),
+        binding=binding,
+        size=size if binding.volume_size is None else min(size, binding.volume_size),
         reserve=reserve,
     )
 

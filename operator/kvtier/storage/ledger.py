@@ -15,6 +15,12 @@ Admission rules:
   holds the quota), and a bound namespace's size caps that replica's quota;
 - scaling keeps the quota and the namespaces of the ordinals that remain; growth that does not
   fit keeps the replicas already admitted.
+
+Volume reclaim: a namespace that leaves an allocation (its deployment deleted, the ordinal scaled
+away) moves to `status.reclaiming` in the same write, and admission never binds it from there;
+the pool controller removes it (`reclaimed`) once its PersistentVolume is gone: wiped and deleted
+(`volumeReclaim: Wipe`), or deleted by an administrator (`Retain`). So no namespace is ever free
+with the previous tenant's KV data on it, whatever crashes in between.
 """
 
 from __future__ import annotations
@@ -90,17 +96,30 @@ def summarise(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
     )
 
 
+def _reclaim(status: KVPoolStatus, uuids: list[str]) -> list[str]:
+    """`status.reclaiming` with `uuids` added (once each, in order)."""
+    return list(dict.fromkeys([*status.reclaiming, *uuids]))
+
+
 def release(pool: KVPool, status: KVPoolStatus, uid: str) -> KVPoolStatus:
-    """The ledger without the deployment `uid` (its allocation and its place in the queue)."""
+    """The ledger without the deployment `uid` (its allocation and its place in the queue); its namespaces
+    go to `reclaiming`."""
+    gone = [uuid for a in status.allocations if a.uid == uid for uuid in a.volumes]
     return summarise(
         pool,
         status.model_copy(
             update={
                 "allocations": [a for a in status.allocations if a.uid != uid],
                 "waiting": [w for w in status.waiting if w.uid != uid],
+                "reclaiming": _reclaim(status, gone),
             }
         ),
     )
+
+
+def reclaimed(pool: KVPool, status: KVPoolStatus, uuids: set[str]) -> KVPoolStatus:
+    """The ledger with the namespaces `uuids` free again (their PersistentVolumes are gone)."""
+    return summarise(pool, status.model_copy(update={"reclaiming": [u for u in status.reclaiming if u not in uuids]}))
 
 
 def _namespaces(pool: KVPool) -> dict[str, NVMeoFNamespace]:
@@ -112,6 +131,7 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Decision:
     """Grant, resize or queue `claim`; never lets the ledger exceed `capacity`."""
     # Entries of an earlier object with the same name (deleted and recreated) are stale.
     others = [a for a in status.allocations if a.uid != claim.uid and (a.namespace, a.name) != (claim.namespace, claim.name)]
+    stale = [uuid for a in status.allocations if a.uid != claim.uid and a not in others for uuid in a.volumes]
     existing = next((a for a in status.allocations if a.uid == claim.uid), None)
     queue = [w for w in status.waiting if w.uid != claim.uid and (w.namespace, w.name) != (claim.namespace, claim.name)]
     free = pool.spec.capacity - sum(a.allocated for a in others)
@@ -134,7 +154,7 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Decision:
     inventory = _namespaces(pool)
     if inventory and claim.replicas:
         kept = list(existing.volumes[: claim.replicas]) if existing else []
-        taken = {uuid for a in others for uuid in a.volumes} | set(kept)
+        taken = {uuid for a in others for uuid in a.volumes} | set(kept) | set(status.reclaiming) | set(stale)
         candidates = sorted((ns for ns in inventory.values() if ns.uuid not in taken), key=lambda ns: (ns.size, ns.uuid))
         needed = claim.replicas - len(kept)
         fitting = [ns for ns in candidates if ns.size >= max(claim.min, 1)]
@@ -154,7 +174,9 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Decision:
                        f"{claim.name} needs at least min x replicas = {format_quantity(claim.min)} x {claim.replicas}")
     allocation = Allocation(namespace=claim.namespace, name=claim.name, uid=claim.uid, replicas=claim.replicas,
                             quota=quota, volumes=volumes)
-    new = summarise(pool, status.model_copy(update={"allocations": [*others, allocation], "waiting": queue}))
+    dropped = [uuid for uuid in (existing.volumes if existing else []) if uuid not in volumes]
+    new = summarise(pool, status.model_copy(update={"allocations": [*others, allocation], "waiting": queue,
+                                                    "reclaiming": _reclaim(status, stale + dropped)}))
     return Decision(new, allocation, "Bound",
                     f"{format_quantity(quota)} per replica x {claim.replicas} from KVPool {pool.metadata.name}")
 
@@ -172,6 +194,8 @@ def _wait(pool: KVPool, status: KVPoolStatus, others: list[Allocation], queue: l
     entry = WaitingDeployment(namespace=claim.namespace, name=claim.name, uid=claim.uid, since=claim.created,
                               needs=claim.min * claim.replicas)
     waiting = sorted([*queue, entry], key=lambda w: (w.since, w.namespace, w.name))
-    new = summarise(pool, status.model_copy(update={"allocations": others, "waiting": waiting}))
+    stale = [uuid for a in status.allocations if a not in others for uuid in a.volumes]
+    new = summarise(pool, status.model_copy(update={"allocations": others, "waiting": waiting,
+                                                    "reclaiming": _reclaim(status, stale)}))
     return Decision(new, None, reason, message)
 

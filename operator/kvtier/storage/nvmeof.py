@@ -21,8 +21,9 @@ from kvtier.storage.base import POOL_LABEL, Attachment, StorageBackend
 NVMF_DRIVER = "csi.nvmf.com"
 
 
-def persistent_volume_name(pool: str, namespace: NVMeoFNamespace) -> str:
-    return f"kvtier-{pool}-{namespace.uuid.lower()}"
+def persistent_volume_name(pool: str, uuid: str) -> str:
+    """The PersistentVolume of the array namespace `uuid` in `pool` (the ledger names namespaces by uuid)."""
+    return f"kvtier-{pool}-{uuid.lower()}"
 
 
 class NVMeoFBackend(StorageBackend):
@@ -80,7 +81,7 @@ class NVMeoFBackend(StorageBackend):
         return {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
-            "metadata": {"name": persistent_volume_name(pool, namespace), "labels": {POOL_LABEL: pool}},
+            "metadata": {"name": persistent_volume_name(pool, namespace.uuid), "labels": {POOL_LABEL: pool}},
             "spec": {
                 "capacity": {"storage": format_quantity(namespace.size)},
                 "accessModes": ["ReadWriteOnce"],

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from kvtier.api.crd import build_crds
 from kvtier.controllers import OperatorConfig, run_operator
-from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, Connection, KubeClient
+from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, NAMESPACES, Connection, KubeClient
 from kvtier.testing.apiserver import APIServer
 from kvtier.sim.pods import embedded_engines
 from kvtier.testing.engines import EngineFactory
@@ -116,6 +116,8 @@ class EmbeddedCluster:
         await self.simulator.register_nodes()
         self._simulator_task = asyncio.create_task(self.simulator.run(), name="kvtier-podsim")
         if self.operator is not None:
+            await self.kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                                "metadata": {"name": self.operator.namespace}})
             await self.start_operator()
         return self
 

@@ -8,19 +8,28 @@ that looks at everything and fixes what differs. Simplifications, deliberately:
   `OrderedReady` creation; scale-down from the highest ordinal; rolling updates delete the
   highest-ordinal outdated pod only while every pod is Ready (one at a time, as `RollingUpdate`
   with `maxUnavailable: 1`); PVCs owned by the StatefulSet only when
-  `persistentVolumeClaimRetentionPolicy.whenDeleted` is `Delete`.
+  `persistentVolumeClaimRetentionPolicy.whenDeleted` is `Delete`; with `whenScaled: Delete` the
+  claims of ordinals scaled away are deleted once their pod is gone.
 - Deployments: pods owned by the Deployment directly (no ReplicaSets), named
   `<deployment>-<revision>-<n>`; new pods first, outdated ones deleted once the new are Ready.
+- Jobs: one pod at a time (`<job>-<random>`), a new one after a failure until `backoffLimit`
+  (default 6) failures; `succeeded: 1` and the conditions `SuccessCriteriaMet` and `Complete` after a
+  success, `FailureTarget` and `Failed` (reason `BackoffLimitExceeded`) after too many failures.
 - Volumes: a PVC binds to the PV whose `claimRef` names it, else to its `volumeName`, else an
   Available PV of its class, mode and size, else a PV provisioned for an existing StorageClass.
-  A PV whose claim is gone becomes Released (Retain) or is deleted (Delete).
+  A PV whose claim is gone becomes Released (Retain) or is deleted (Delete). A bound claim whose
+  request grew past its `status.capacity` is expanded at once, as the external resizer and the
+  node plugin would: its PV's capacity and the claim's `status.capacity` become the request (the
+  API server's admission already refused growth the StorageClass does not allow).
 - Scheduling: first node (by name) whose allocatable CPU, memory, `nvidia.com/gpu` and pods
   still fit the pod's requests and whose labels match its `nodeSelector`; taints are not modelled.
   Binding writes `spec.nodeName` directly.
 - Kubelets: each pod gets its own address in 127.0.0.0/8; every container's declared ports are
   served by the engine factory; a container is ready when its `readinessProbe.httpGet` answers
   200 (or at once without a probe); the pod is Ready when all containers are and every
-  `readinessGates` condition is True. A deleted pod's engines stop at once.
+  `readinessGates` condition is True. A deleted pod's engines stop at once. Pods whose
+  `restartPolicy` is `Never` or `OnFailure` run to completion instead of serving: once scheduled
+  they end `Succeeded`, or `Failed` when `exit_code(pod)` (a test's hook; 0 by default) is not 0.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import json
 import logging
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from decimal import Decimal
@@ -43,6 +53,7 @@ import aiohttp
 from kvtier.api.units import quantity_value
 from kvtier.kube import (
     DEPLOYMENTS,
+    JOBS,
     NODES,
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
@@ -155,6 +166,11 @@ async def _isolated(obj: dict[str, Any], step: Any) -> None:
         log.debug("%s %s/%s: %s", obj.get("kind"), obj["metadata"].get("namespace"), obj["metadata"]["name"], error)
 
 
+def _job_condition(kind: str, reason: str, message: str) -> dict[str, Any]:
+    return {"type": kind, "status": "True", "reason": reason, "message": message,
+            "lastProbeTime": _now(), "lastTransitionTime": _now()}
+
+
 def is_ready(pod: dict[str, Any]) -> bool:
     condition = _condition(pod, "Ready")
     return bool(condition and condition.get("status") == "True")
@@ -202,12 +218,15 @@ class PodSimulator:
         engine_factory: EngineFactory = stub_engine,
         addresses: AddressPool | None = None,
         resync: float = 0.5,
+        exit_code: Callable[[dict[str, Any]], int] = lambda pod: 0,
     ):
         self.kube = kube
         self.nodes = nodes
         self.engine_factory = engine_factory
         self.addresses = addresses or AddressPool()
         self.resync = resync
+        #: The exit code of a run-to-completion pod (restartPolicy Never or OnFailure); tests replace it.
+        self.exit_code = exit_code
         self._running: dict[str, _RunningPod] = {}  # by pod uid
         self._wake = asyncio.Event()
         self._http: aiohttp.ClientSession | None = None
@@ -218,7 +237,7 @@ class PodSimulator:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1))
         watchers = [
             asyncio.create_task(self._watch(resource), name=f"podsim-watch-{resource.plural}")
-            for resource in (STATEFULSETS, DEPLOYMENTS, PODS, PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, NODES)
+            for resource in (STATEFULSETS, DEPLOYMENTS, JOBS, PODS, PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, NODES)
         ]
         try:
             while True:
@@ -267,6 +286,8 @@ class PodSimulator:
             await _isolated(sts, self._reconcile_statefulset(sts, [p for p in pods if _owned_by(p, sts)]))
         for deployment in (await self.kube.list(DEPLOYMENTS))["items"]:
             await _isolated(deployment, self._reconcile_deployment(deployment, [p for p in pods if _owned_by(p, deployment)]))
+        for job in (await self.kube.list(JOBS))["items"]:
+            await _isolated(job, self._reconcile_job(job, [p for p in pods if _owned_by(p, job)]))
         await self._bind_volumes()
         pods = (await self.kube.list(PODS))["items"]
         await self._schedule(pods)
@@ -296,6 +317,8 @@ class PodSimulator:
             await self.kube.delete(PODS, namespace, by_ordinal[ordinal]["metadata"]["name"])
             if ordered:
                 break
+        if (spec.get("persistentVolumeClaimRetentionPolicy") or {}).get("whenScaled") == "Delete":
+            await self._delete_condemned_claims(sts, set(by_ordinal))
         current = [by_ordinal[o] for o in sorted(by_ordinal) if o < replicas]
         outdated = [p for p in current if p["metadata"]["labels"].get("controller-revision-hash") != f"{name}-{revision}"]
         if outdated and len(current) == replicas and all(is_ready(p) for p in current):
@@ -314,6 +337,16 @@ class PodSimulator:
         }
         if any((sts.get("status") or {}).get(k) != v for k, v in status.items()):
             await self.kube.patch(STATEFULSETS, namespace, name, {"status": status}, subresource="status")
+
+    async def _delete_condemned_claims(self, sts: dict[str, Any], running: set[int]) -> None:
+        """`whenScaled: Delete`: the claims of ordinals beyond `replicas` go once their pod has."""
+        name, namespace = sts["metadata"]["name"], sts["metadata"]["namespace"]
+        prefixes = [f"{t['metadata']['name']}-{name}-" for t in sts["spec"].get("volumeClaimTemplates", [])]
+        for claim in (await self.kube.list(PERSISTENT_VOLUME_CLAIMS, namespace))["items"]:
+            claim_name = claim["metadata"]["name"]
+            suffix = next((claim_name[len(p):] for p in prefixes if claim_name.startswith(p)), "")
+            if suffix.isdigit() and int(suffix) >= sts["spec"].get("replicas", 1) and int(suffix) not in running:
+                await self.kube.delete(PERSISTENT_VOLUME_CLAIMS, namespace, claim_name)
 
     async def _ensure_claims(self, sts: dict[str, Any], ordinal: int) -> None:
         name, namespace = sts["metadata"]["name"], sts["metadata"]["namespace"]
@@ -397,6 +430,55 @@ class PodSimulator:
         if any((deployment.get("status") or {}).get(k) != v for k, v in status.items()):
             await self.kube.patch(DEPLOYMENTS, namespace, name, {"status": status}, subresource="status")
 
+    # -- Job controller ----------------------------------------------------------------------------
+
+    async def _reconcile_job(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        if job["metadata"].get("deletionTimestamp"):
+            return
+        name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+        status = job.get("status") or {}
+        if any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in status.get("conditions", [])):
+            return
+        phases = [(p.get("status") or {}).get("phase") for p in pods]
+        succeeded, failed = phases.count("Succeeded"), phases.count("Failed")
+        active = sum(1 for p, phase in zip(pods, phases)
+                     if phase not in ("Succeeded", "Failed") and not p["metadata"].get("deletionTimestamp"))
+        backoff_limit = job["spec"].get("backoffLimit", 6)
+        new: dict[str, Any] = {"active": active, "succeeded": succeeded, "failed": failed,
+                               "startTime": status.get("startTime") or _now()}
+        if succeeded:
+            new.update(active=0, completionTime=_now(), conditions=[
+                _job_condition("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods"),
+                _job_condition("Complete", "CompletionsReached", "Reached expected number of succeeded pods")])
+        elif failed > backoff_limit:
+            new["conditions"] = [
+                _job_condition("FailureTarget", "BackoffLimitExceeded", "Job has reached the specified backoff limit"),
+                _job_condition("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")]
+        elif not active:
+            await self._create_job_pod(job)
+            new["active"] = 1
+        if any(status.get(k) != v for k, v in new.items() if k not in ("startTime", "completionTime")):
+            await self.kube.patch(JOBS, namespace, name, {"status": new}, subresource="status")
+
+    async def _create_job_pod(self, job: dict[str, Any]) -> None:
+        template = job["spec"]["template"]
+        name = job["metadata"]["name"]
+        labels = {"batch.kubernetes.io/job-name": name, "job-name": name,
+                  "batch.kubernetes.io/controller-uid": job["metadata"]["uid"]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "generateName": f"{name}-",
+                "namespace": job["metadata"]["namespace"],
+                "labels": {**(template["metadata"].get("labels") or {}), **labels},
+                "annotations": template["metadata"].get("annotations") or {},
+                "ownerReferences": [_owner_reference(job)],
+            },
+            "spec": json.loads(json.dumps(template["spec"])),
+        }
+        await self.kube.create(PODS, pod)
+
     # -- volume binding ----------------------------------------------------------------------------
 
     async def _bind_volumes(self) -> None:
@@ -417,6 +499,24 @@ class PodSimulator:
             if volume is not None:
                 await _isolated(claim, self._bind(claim, volume))
         await self._set_volume_phases()
+        await self._resize_volumes()
+
+    async def _resize_volumes(self) -> None:
+        """Grow the PV and `status.capacity` of every bound claim whose request outgrew them."""
+        for claim in (await self.kube.list(PERSISTENT_VOLUME_CLAIMS))["items"]:
+            status = claim.get("status") or {}
+            wanted = claim["spec"].get("resources", {}).get("requests", {}).get("storage")
+            have = (status.get("capacity") or {}).get("storage")
+            if status.get("phase") != "Bound" or wanted is None or have is None \
+                    or quantity_value(str(wanted)) <= quantity_value(str(have)):
+                continue
+            volume = claim["spec"].get("volumeName")
+            if volume:
+                await _isolated(claim, self.kube.patch(PERSISTENT_VOLUMES, None, volume,
+                                                       {"spec": {"capacity": {"storage": wanted}}}))
+            await _isolated(claim, self.kube.patch(
+                PERSISTENT_VOLUME_CLAIMS, claim["metadata"]["namespace"], claim["metadata"]["name"],
+                {"status": {"capacity": {"storage": wanted}}}, subresource="status"))
 
     async def _set_volume_phases(self) -> None:
         """Bound while the claim it names exists, then Released (Retain) or deleted (Delete); else Available."""
@@ -571,6 +671,10 @@ class PodSimulator:
                 continue
             if not pod["spec"].get("nodeName"):
                 continue
+            if pod["spec"].get("restartPolicy", "Always") != "Always":
+                if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                    updates.append(_isolated(pod, self._complete_pod(pod)))
+                continue
             alive.add(uid)
             if uid not in self._running:
                 await self._start_pod(pod)
@@ -584,6 +688,20 @@ class PodSimulator:
         """What serves a running pod's containers, in container order (for fault injection in tests)."""
         running = self._running.get(uid)
         return list(running.engines) if running is not None else []
+
+    async def _complete_pod(self, pod: dict[str, Any]) -> None:
+        """A run-to-completion pod: every container exits with `exit_code(pod)`."""
+        code = self.exit_code(pod)
+        reason = "Completed" if code == 0 else "Error"
+        statuses = [{"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "started": False,
+                     "restartCount": 0, "state": {"terminated": {"exitCode": code, "reason": reason,
+                                                                 "startedAt": _now(), "finishedAt": _now()}}}
+                    for c in pod["spec"].get("containers", [])]
+        status = {"phase": "Succeeded" if code == 0 else "Failed", "hostIP": "127.0.0.1",
+                  "startTime": (pod.get("status") or {}).get("startTime") or _now(), "containerStatuses": statuses}
+        conditions = {"PodScheduled": ("True", "", ""), "Initialized": ("True", "", ""),
+                      "ContainersReady": ("False", "PodCompleted", ""), "Ready": ("False", "PodCompleted", "")}
+        await self._set_pod_conditions(pod, conditions, status)
 
     async def _start_pod(self, pod: dict[str, Any]) -> None:
         uid = pod["metadata"]["uid"]

@@ -13,6 +13,8 @@ Lifecycle rules (simplifications are marked):
 * `generation` grows when anything but `metadata` (and `status`, for kinds with a status
   subresource) changes, and when deletion starts.  Writes that change nothing keep the
   resourceVersion and send no event.
+* Updates of built-ins (update, patch, apply) obey the immutability rules and the PVC resize
+  admission of :mod:`.updates` (StatefulSet specs, PersistentVolumeClaim specs).
 * Delete with finalizers only sets `deletionTimestamp`; the update removing the last finalizer
   deletes.  `propagationPolicy`: `Background` (default) deletes dependents after the owner is gone,
   `Foreground` adds the `foregroundDeletion` finalizer and removes it once no dependents remain
@@ -46,6 +48,7 @@ from .resources import Registry, ResourceType, types_from_crd
 from .schema import BuiltinValidator, dotted, drop_path, process_custom
 from .selectors import Predicate, selector_to_string
 from .store import Key, Store, Stored, encode
+from .updates import admit_update, update_errors
 
 log = logging.getLogger(__name__)
 
@@ -381,6 +384,8 @@ class Cluster:
         if rt.storage_key == _CRD_KEY:
             new["status"] = self._crd_status(new, old_obj.get("status"))
         new = self._validate(rt, new, old_obj, opts)
+        if subresource is None and not rt.custom:
+            self._check_update(rt, new, old_obj)
         if _spec_part(rt, new) != _spec_part(rt, old_obj):
             new["metadata"]["generation"] = old_meta.get("generation", 1) + 1
         if track_fields and subresource is None:
@@ -423,6 +428,19 @@ class Cluster:
         if problems:
             raise errors.invalid(rt.group, rt.kind, meta.get("name", ""), problems)
         return obj
+
+    def _check_update(self, rt: ResourceType, new: dict[str, Any], old: dict[str, Any]) -> None:
+        """Immutable parts of built-in specs (422), then the validating admission plugins (403): see `.updates`."""
+        problems = update_errors(rt.storage_key, new, old)
+        if problems:
+            raise errors.invalid(rt.group, rt.kind, old["metadata"]["name"], problems)
+        classes = self.resource("storage.k8s.io", "v1", "storageclasses")
+
+        def storage_class(name: str) -> dict[str, Any] | None:
+            found = self.find(classes, None, name)
+            return found.obj if found else None
+
+        admit_update(rt.storage_key, new, old, storage_class)
 
     @staticmethod
     def _metadata_errors(rt: ResourceType, meta: dict[str, Any]) -> list[FieldError]:
