@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -75,6 +77,22 @@ def _log_to(path: Path) -> Iterator[None]:
         root.removeHandler(handler)
         root.setLevel(level)
         handler.close()
+
+
+def pod_network(attempts: int = 20) -> str:
+    """A loopback /16 for the pods whose first address is free, so the demo runs beside another embedded
+    cluster (which starts at 127.1.0.1) on the same machine."""
+    chooser = random.Random()
+    for _ in range(attempts):
+        network = f"127.{chooser.randint(2, 254)}.0.0/16"
+        first = network.replace(".0.0/16", ".0.1")
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as probe:
+            try:
+                probe.bind((first, 8000))
+            except OSError:
+                continue
+        return network
+    return "127.1.0.0/16"
 
 
 def busy_deployment(load_seconds: float, options: DemoOptions) -> str:
@@ -195,6 +213,7 @@ async def _run(options: DemoOptions, screen: Screen, history: History, scratch: 
     from kvtier.sim.pods import KvsimEngines
     from kvtier.testing.cluster import EmbeddedCluster, default_nodes
     from kvtier.testing.engines import stub_engine
+    from kvtier.testing.podsim import AddressPool
 
     trace = scratch / "load.jsonl"
     options.workload.write(trace)
@@ -207,7 +226,8 @@ async def _run(options: DemoOptions, screen: Screen, history: History, scratch: 
         screen.say("starting the embedded cluster (API server, pod simulator with kvsim engines, kvtier operator)")
         cluster = EmbeddedCluster(default_nodes(options.nodes), kubeconfig=kubeconfig,
                                   engine_factory=KvsimEngines(scratch / "pods", fallback=stub_engine),
-                                  operator=OperatorConfig(resync_seconds=options.resync_seconds))
+                                  operator=OperatorConfig(resync_seconds=options.resync_seconds),
+                                  addresses=AddressPool(pod_network()))
         async with cluster:
             assert cluster.kube is not None
             screen.say(f"applying the demo: KVPool {POOL} and InferenceDeployments "

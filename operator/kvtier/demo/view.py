@@ -41,6 +41,8 @@ def size(value: int | None) -> str:
     """Bytes as Gi (or Ti), one decimal only when needed."""
     if value is None:
         return MISSING
+    if value == 0:
+        return "0"
     for unit, scale in (("Ti", 1 << 40), ("Gi", GIB), ("Mi", 1 << 20)):
         if value >= scale or unit == "Mi":
             amount = value / scale

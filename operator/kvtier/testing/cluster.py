@@ -25,7 +25,7 @@ from kvtier.controllers import OperatorConfig, run_operator
 from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, Connection, KubeClient
 from kvtier.testing.apiserver import APIServer
 from kvtier.testing.engines import EngineFactory, stub_engine
-from kvtier.testing.podsim import NodeSpec, PodSimulator
+from kvtier.testing.podsim import AddressPool, NodeSpec, PodSimulator
 
 T = TypeVar("T")
 
@@ -83,8 +83,11 @@ class EmbeddedCluster:
         install_crds: bool = True,
         validate_builtins: bool = True,
         operator: OperatorConfig | None = None,
+        addresses: AddressPool | None = None,
     ):
         self.nodes = default_nodes() if nodes is None else nodes
+        #: Where pods get their addresses (default 127.1.0.0/16; give another network to run beside a cluster using it).
+        self.addresses = addresses
         self.server = APIServer(port=port, validate_builtins=validate_builtins)
         self._tempdir: tempfile.TemporaryDirectory[str] | None = None
         if kubeconfig is None:
@@ -108,7 +111,8 @@ class EmbeddedCluster:
         if self.install_crds:
             for crd in build_crds().values():
                 await self.kube.create(CUSTOMRESOURCEDEFINITIONS, crd)
-        self.simulator = PodSimulator(self.kube, self.nodes, engine_factory=self.engine_factory)
+        self.simulator = PodSimulator(self.kube, self.nodes, engine_factory=self.engine_factory,
+                                      addresses=self.addresses)
         await self.simulator.register_nodes()
         self._simulator_task = asyncio.create_task(self.simulator.run(), name="kvtier-podsim")
         if self.operator is not None:
