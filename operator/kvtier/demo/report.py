@@ -238,6 +238,6 @@ def write_plot(history: History, path: str | os.PathLike[str]) -> None:
                       transform=hit_axes.transAxes, color="grey")
     hit_axes.set_ylim(0, 1)
     hit_axes.set_ylabel("hit ratio")
-    hit_axes.set_xlabel("wall-clock seconds since all replicas were Ready")
+    hit_axes.set_xlabel("wall-clock seconds since all replicas were Ready (shaded: the deployment the load makes busy)")
     hit_axes.grid(alpha=0.3)
     figure.savefig(path, dpi=100)
