@@ -131,6 +131,26 @@ def dev_up(kubeconfig: Path, port: int, nodes: int, gpus_per_node: int, memory: 
     asyncio.run(serve_until_signalled(declared, kubeconfig=kubeconfig, port=port, echo=click.echo, operator=config))
 
 
+@main.command()
+@click.option("--duration", type=click.FloatRange(min=1), default=120.0, show_default=True,
+              help="Wall-clock seconds to watch once every replica is Ready.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".kvtier/demo"),
+              show_default=True, help="Where summary.md, demo.png, samples.json and operator.log go.")
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Simulated seconds per wall-clock second (the busy deployment changes every 200 simulated s).")
+@click.option("--live/--no-live", default=True, show_default=True,
+              help="Live terminal view (only on a terminal); --no-live prints a progress line every few seconds.")
+@click.option("--ready-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
+              help="Give up (exit 1) if the replicas are not all Ready within this many seconds.")
+def demo(duration: float, out_dir: Path, speed: float, live: bool, ready_timeout: float) -> None:
+    """Run the embedded cluster with a pool and three shifting loads, show it live, then summarise and plot it."""
+    from kvtier.demo import DemoOptions, run_demo
+
+    code = run_demo(DemoOptions(duration=duration, out=out_dir, speed=speed, live=live, ready_timeout=ready_timeout))
+    if code:
+        sys.exit(code)
+
+
 def _run_until_signalled(start: Callable[[], Awaitable[Any]]) -> None:
     """Await `start()` (something with `async stop()`) and keep it running until SIGINT or SIGTERM."""
     import asyncio

@@ -25,3 +25,12 @@ def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "kvtier", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("kvtier, version ")
     assert importlib.import_module("kvtier").__version__ in out.stdout
+
+
+def test_readme_layout_lists_every_package():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):]
+    packages = sorted(p.parent.name for p in (ROOT / "operator" / "kvtier").glob("*/__init__.py"))
+    missing = [name for name in packages if f"operator/kvtier/{name}/ " not in layout]
+    assert not missing, f"README's Layout section does not list {missing}"
+    assert "./hack/setup.sh && .venv/bin/kvtier demo" in readme

@@ -1,0 +1,42 @@
+"""`kvtier demo`: the README's main job runs to the end on the embedded cluster and writes its summary and
+plot; a cluster that never becomes ready is an error that says so."""
+
+import json
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from kvtier.cli import main
+
+
+def test_demo_runs_to_the_end_and_writes_summary_and_plot(tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "kvtier", "demo", "--duration", "6", "--no-live", "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "Traceback" not in output, output
+    assert "all 3 deployments Ready after" in output
+    progress = [line for line in output.splitlines() if line.startswith("[")]
+    assert progress and all(name in progress[-1] for name in ("chat 1/1", "code 1/1", "rag 1/1")), output
+    assert "quota 32Gi" in progress[-1] and "pool 96Gi/96Gi" in progress[-1]
+    for name in ("summary.md", "demo.png", "samples.json", "operator.log"):
+        assert f"wrote {out / name}" in output
+    summary = (out / "summary.md").read_text()
+    assert "## Storage quota per deployment" in summary and "| chat | 32Gi |" in summary
+    assert (out / "demo.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    samples = json.loads((out / "samples.json").read_text())
+    assert samples["deployments"] == ["chat", "code", "rag"] and len(samples["samples"]) >= 5
+    assert not (out / "kubeconfig").exists()  # the cluster it named is gone
+
+
+def test_demo_fails_clearly_when_the_replicas_are_never_ready(tmp_path):
+    result = CliRunner().invoke(main, ["demo", "--duration", "5", "--ready-timeout", "1", "--no-live",
+                                       "--out", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    assert "error: the demo's replicas were not all Ready within 1s:" in result.output
+    assert "chat" in result.output and f"logs: {tmp_path / 'operator.log'}" in result.output
+    assert not (tmp_path / "summary.md").exists()
