@@ -345,7 +345,7 @@ def test_probe_page_becomes_the_demand_curve():
     snapshot = replica_snapshot(probe=parse_exposition(generate_latest(_registry(probe))))
     counts, total, _ = probe.buckets()
     assert snapshot.demand_chunks.pairs == (*zip(map(float, probe.bounds), counts), (math.inf, total))
-    assert snapshot.demand_bytes.bounds == (100.0, 200.0, 400.0, 800.0, math.inf)
+    assert snapshot.demand_bytes.bounds == (*(100.0 * bound for bound in probe.bounds), math.inf)
     assert snapshot.demand_last_lookup == 2
 
 
