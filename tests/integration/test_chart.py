@@ -82,6 +82,8 @@ def test_every_object_is_in_the_release_namespace_or_cluster_scoped():
         namespace = obj["metadata"].get("namespace")
         if obj["kind"] in cluster_kinds:
             assert namespace is None, obj["metadata"]
+        elif obj["kind"] in ("Role", "RoleBinding") and obj["metadata"]["name"].endswith("-reclaim"):
+            assert namespace == NAMESPACE
         elif obj["kind"] in ("Role", "RoleBinding", "KopfPeering"):
             assert namespace in EVERYTHING["watchNamespaces"]
         elif obj["kind"] == "ConfigMap":
@@ -168,19 +170,35 @@ def test_peering_objects_match_the_scope():
     assert ("patch", "kopf.dev", "clusterkopfpeerings") in rule_triples(one(cluster_wide, "ClusterRole")["rules"])
     namespaced = template(EVERYTHING)
     assert sorted(o["metadata"]["namespace"] for o in namespaced if o["kind"] == "KopfPeering") == ["ml-dev", "ml-prod"]
-    for role in (o for o in namespaced if o["kind"] == "Role"):
+    for role in watched_namespace_roles(namespaced):
         assert {("list", "kopf.dev", "kopfpeerings"), ("watch", "kopf.dev", "kopfpeerings")} <= rule_triples(role["rules"])
     crds = {doc["spec"]["names"]["kind"]: doc for doc in yaml.safe_load_all((CHART / "crds" / "kopf.dev_peerings.yaml").read_text())}
     assert {kind: crd["spec"]["scope"] for kind, crd in crds.items()} == {"ClusterKopfPeering": "Cluster",
                                                                           "KopfPeering": "Namespaced"}
 
 
+def watched_namespace_roles(objects):
+    """The Roles of `watchNamespaces` (not the operator's own `-reclaim` Role)."""
+    return [o for o in objects if o["kind"] == "Role" and not o["metadata"]["name"].endswith("-reclaim")]
+
+
+def test_the_operator_namespace_role_covers_only_volume_wipes():
+    for values in VALUES.values():
+        objects = template(values)
+        role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("-reclaim"))
+        binding = next(o for o in objects if o["kind"] == "RoleBinding" and o["metadata"]["name"] == role["metadata"]["name"])
+        assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == NAMESPACE
+        assert {resource for _, _, resource in rule_triples(role["rules"])} == {"jobs", "persistentvolumeclaims"}
+        env = {e["name"]: e for e in operator_container(objects)["env"]}
+        assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
 def test_watching_namespaces_moves_namespaced_permissions_into_roles():
     default = rule_triples(one(template(), "ClusterRole")["rules"])
     objects = template({"watchNamespaces": ["ml-prod", "ml-dev"]})
     cluster = rule_triples(one(objects, "ClusterRole")["rules"])
-    roles = [o for o in objects if o["kind"] == "Role"]
-    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    roles = watched_namespace_roles(objects)
+    bindings = [o for o in objects if o["kind"] == "RoleBinding" and not o["metadata"]["name"].endswith("-reclaim")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(b["metadata"]["namespace"] for b in bindings) \
         == ["ml-dev", "ml-prod"]
     namespaced = rule_triples(roles[0]["rules"])
@@ -189,7 +207,7 @@ def test_watching_namespaces_moves_namespaced_permissions_into_roles():
     assert cluster | namespaced == default | {("list", "", "namespaces"), ("watch", "", "namespaces")}
     # ... and nothing namespaced left in the ClusterRole.
     cluster_scoped = {"customresourcedefinitions", "nodes", "kvpools", "kvpools/status", "persistentvolumes",
-                      "namespaces"}
+                      "storageclasses", "namespaces"}
     assert {resource for _, _, resource in cluster} == cluster_scoped
     assert not {resource for _, _, resource in namespaced} & cluster_scoped
     container = operator_container(objects)

@@ -66,10 +66,15 @@ the embedded API server's request log of the whole e2e suite, both ways.
 - apiGroups: ["kvtier.io"]
   resources: ["kvpools/status"]
   verbs: ["update", "patch"]
-# Static NVMe-oF volumes: server-side applied, listed to prune, deleted with their deployment.
+# Static NVMe-oF volumes: server-side applied, listed to prune, read and re-pointed at a wipe claim
+# (spec.volumeReclaim: Wipe), deleted once reclaimed.
 - apiGroups: [""]
   resources: ["persistentvolumes"]
-  verbs: ["list", "patch", "delete"]
+  verbs: ["get", "list", "patch", "delete"]
+# Whether a CSI class allows volume expansion (kvCache.storage.max grew).
+- apiGroups: ["storage.k8s.io"]
+  resources: ["storageclasses"]
+  verbs: ["get"]
 {{- if .Values.watchNamespaces }}
 # kopf lists and watches namespaces when it serves named ones (it notices them appear and go).
 - apiGroups: [""]
@@ -97,10 +102,11 @@ the embedded API server's request log of the whole e2e suite, both ways.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# Replicas: read for status; the quota readiness gate is a pod condition (pods/status).
+# Replicas: read for status, watched for telemetry's scrape targets; the quota readiness gate is a
+# pod condition (pods/status).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["update"]
@@ -114,10 +120,11 @@ the embedded API server's request log of the whole e2e suite, both ways.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["list", "patch", "delete"]
-# Per-replica volume claims (StatefulSet volumeClaimTemplates) are released with their deployment.
+# Per-replica volume claims (StatefulSet volumeClaimTemplates): expanded when kvCache.storage.max
+# grows (CSI), released with their deployment.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["list", "delete"]
+  verbs: ["get", "list", "patch", "delete"]
 {{- if .Values.engines.podMonitor }}
 # PodMonitors (engines.podMonitor): applied, listed to prune, deleted.
 - apiGroups: ["monitoring.coreos.com"]
@@ -130,4 +137,14 @@ the embedded API server's request log of the whole e2e suite, both ways.
   resources: ["kopfpeerings"]
   verbs: ["list", "watch", "patch"]
 {{- end }}
+{{- end -}}
+
+{{/* The operator's own namespace: the claims and Jobs that wipe released static volumes. */}}
+{{- define "kvtier.rules.self" -}}
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["create", "get", "delete"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["create", "get", "delete"]
 {{- end -}}
