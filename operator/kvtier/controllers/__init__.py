@@ -8,8 +8,9 @@ from typing import Any
 
 import kopf
 
-from kvtier.controllers import inferencedeployments, kvpools, runtime, telemetry
+from kvtier.controllers import inferencedeployments, kvpools, rebalancing, runtime, telemetry
 from kvtier.controllers.runtime import OperatorConfig
+from kvtier.rebalance.demand import DemandBook
 from kvtier.telemetry.metrics import OperatorMetrics
 
 
@@ -19,6 +20,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     kvpools.register(registry, config)
     inferencedeployments.register(registry, config)
     telemetry.register(registry, config)
+    rebalancing.register(registry, config)
     return registry
 
 
@@ -31,7 +33,8 @@ async def run_operator(
 ) -> None:
     """Run the operator until `stop_flag` is set (or a signal, in the main thread).
 
-    `memo.metrics` holds the operator's own Prometheus metrics (one registry per run)."""
+    `memo.metrics` holds the operator's own Prometheus metrics (one registry per run); `memo.demand`
+    the deployments' demand estimators, fed by telemetry and read by the rebalance rounds."""
     scope: dict[str, Any] = {"namespaces": config.namespaces} if config.namespaces else {"clusterwide": True}
     if config.peering:  # mandatory peering: kopf stops if the peering object does not exist
         scope.update(peering_name=config.peering, priority=config.priority)
@@ -41,7 +44,7 @@ async def run_operator(
         stop_flag=stop_flag,
         ready_flag=ready_flag,
         liveness_endpoint=liveness_endpoint,
-        memo=kopf.Memo(metrics=OperatorMetrics()),
+        memo=kopf.Memo(metrics=OperatorMetrics(), demand=DemandBook(config.stale_seconds)),
         **scope,
     )
 

@@ -38,6 +38,7 @@ from kvtier.controllers.conditions import find, set_condition
 from kvtier.controllers.events import post_event
 from kvtier.controllers.runtime import OperatorConfig
 from kvtier.kube import INFERENCEDEPLOYMENTS, APIError, KubeClient
+from kvtier.rebalance.demand import DemandBook
 from kvtier.telemetry import promql
 from kvtier.telemetry.engines import replica_snapshot
 from kvtier.telemetry.metrics import OperatorMetrics
@@ -79,10 +80,13 @@ class _Deployment:
 class TelemetryLoop:
     """The loop's state and cycle; :meth:`observe` is fed InferenceDeployment events."""
 
-    def __init__(self, config: OperatorConfig, kube: KubeClient, metrics: OperatorMetrics) -> None:
+    def __init__(self, config: OperatorConfig, kube: KubeClient, metrics: OperatorMetrics,
+                 demand: DemandBook | None = None) -> None:
         self.config = config
         self.kube = kube
         self.metrics = metrics
+        #: Where every replica's snapshot also goes, for the rebalancer's demand curves.
+        self.demand = demand
         self.targets = TargetIndex(config.namespaces)
         self.deployments: dict[DeploymentKey, _Deployment] = {}
         #: Completed cycles (tests and logs).
@@ -95,6 +99,8 @@ class TelemetryLoop:
         if kind == "DELETED":
             if self.deployments.pop(key, None) is not None:
                 self.metrics.forget_deployment(*key)
+            if self.demand is not None:
+                self.demand.forget(key)
             return
         known = self.deployments.get(key)
         if known is None or known.body["metadata"].get("uid") != metadata.get("uid"):
@@ -166,6 +172,11 @@ class TelemetryLoop:
             quota = endpoints["quota"].data if "quota" in endpoints and endpoints["quota"].ok else None
             snapshot = replica_snapshot(pages.get("vllm"), pages.get("lmcache"), pages.get("probe"), quota)
             deployment.window.add(pod, vllm.at, snapshot)
+            if self.demand is not None:
+                self.demand.observe(key, pod, vllm.at, snapshot)
+        if self.demand is not None:
+            for key, targets in by_deployment.items():
+                self.demand.forget(key, [t.pod for t in targets])
         now = time.time()
         return {key: self.deployments[key].window.summary(now, replicas=[t.pod for t in targets])
                 for key, targets in by_deployment.items() if key in self.deployments}
@@ -266,7 +277,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
     @kopf.on.startup(id="telemetry", registry=registry)
     async def start(memo: kopf.Memo, **_: Any) -> None:
-        memo.telemetry = TelemetryLoop(config, memo.kube, memo.metrics)
+        memo.telemetry = TelemetryLoop(config, memo.kube, memo.metrics, memo.demand)
         memo.telemetry_task = asyncio.create_task(memo.telemetry.run(), name="kvtier-telemetry")
         memo.metrics_server = await serve_metrics(memo.metrics.registry, config.metrics_port) \
             if config.metrics_port else None

@@ -27,7 +27,7 @@ class DemoManifests:
     speed: float = 10.0
     workload: Workload = field(default_factory=Workload)
     interval_seconds: float = 5.0
-    cooldown_seconds: float = 10.0
+    cooldown_seconds: float = 5.0
     capacity: str = "96Gi"
     request: str = "32Gi"
     min: str = "8Gi"

@@ -53,6 +53,8 @@ class DemoOptions:
     plain_every: float = 5.0
     nodes: int = 2
     resync_seconds: float = 2.0
+    telemetry_window: float = 20.0
+    """Seconds behind the hit ratios the view shows (a phase of the load is about 20s of wall time)."""
     workload: Workload = field(default_factory=Workload)
 
 
@@ -207,7 +209,9 @@ async def _run(options: DemoOptions, screen: Screen, history: History, scratch: 
         screen.say("starting the embedded cluster (API server, pod simulator with kvsim engines, kvtier operator)")
         cluster = EmbeddedCluster(default_nodes(options.nodes), kubeconfig=kubeconfig,
                                   engine_factory=KvsimEngines(scratch / "pods", fallback=stub_engine),
-                                  operator=OperatorConfig(resync_seconds=options.resync_seconds))
+                                  operator=OperatorConfig(resync_seconds=options.resync_seconds,
+                                                          scrape_interval_seconds=1.0, status_interval_seconds=2.0,
+                                                          telemetry_window_seconds=options.telemetry_window))
         async with cluster:
             assert cluster.kube is not None
             screen.say(f"applying the demo: KVPool {POOL} and InferenceDeployments "

@@ -49,7 +49,12 @@ LMCACHE_HIT_L1 = ("lmcache_mp_lookup_hit_l1",)
 LMCACHE_HIT_L2 = ("lmcache_mp_lookup_hit_l2",)
 CPU_USED = ("lmcache:local_cache_usage",)
 STORAGE_USED = ("lmcache:local_storage_usage",)
+LMCACHE_LOOKUPS = ("lmcache_mp_lookups", "lmcache:num_lookup_requests")
 PROBE_LAST_LOOKUP = ("kvtier_probe_last_lookup_timestamp_seconds",)
+PROBE_LOOKUPS = ("kvtier_probe_lookups",)
+PROBE_DECAY_TICKS = ("kvtier_probe_decay_ticks",)
+PROBE_TICK_SECONDS = ("kvtier_probe_tick_seconds",)
+PROBE_WINDOW_SECONDS = ("kvtier_probe_window_seconds",)
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,12 @@ class Snapshot:
     - ``lmcache_hit_l1`` / ``lmcache_hit_l2``: of those, found in L1 (CPU) / L2 (storage); MP only.
     - ``cpu_used_bytes``, ``storage_used_bytes``, ``storage_quota_bytes``: LMCache's tiers (the
       quota API's sums over salts; in-process ``lmcache:local_*_usage``).
+    - ``lmcache_lookups``: lookups LMCache answered (a count).
     - ``demand_chunks`` / ``demand_bytes``: the probe's stack-distance histograms (instant values,
       see :mod:`kvtier.probe`); ``demand_last_lookup``: the unix time of its newest lookup.
+    - ``probe_lookups``, ``probe_decay_ticks`` (counters), ``probe_tick_seconds``,
+      ``probe_window_seconds``: what the rebalancer needs to take the histogram's increments
+      between two scrapes (:func:`kvtier.rebalance.estimator.probe_reading_of`).
     """
 
     hbm_watermark: float | None = None
@@ -104,18 +113,23 @@ class Snapshot:
     lmcache_hit: float | None = None
     lmcache_hit_l1: float | None = None
     lmcache_hit_l2: float | None = None
+    lmcache_lookups: float | None = None
     cpu_used_bytes: float | None = None
     storage_used_bytes: float | None = None
     storage_quota_bytes: float | None = None
     demand_chunks: Buckets | None = None
     demand_bytes: Buckets | None = None
     demand_last_lookup: float | None = None
+    probe_lookups: float | None = None
+    probe_decay_ticks: float | None = None
+    probe_tick_seconds: float | None = None
+    probe_window_seconds: float | None = None
     problems: tuple[str, ...] = field(default=(), compare=False)
 
 
 #: The counters of a :class:`Snapshot` (what windows turn into increases).
 COUNTERS = ("prompt_tokens", "prefix_cache_queries", "prefix_cache_hits", "external_queries", "external_hits",
-            "preemptions", "lmcache_requested", "lmcache_hit", "lmcache_hit_l1", "lmcache_hit_l2")
+            "preemptions", "lmcache_requested", "lmcache_hit", "lmcache_hit_l1", "lmcache_hit_l2", "lmcache_lookups")
 
 #: How each field is spelled on the wire, for messages that say which series is missing.
 SOURCES = {
@@ -126,6 +140,8 @@ SOURCES = {
     "cpu_used_bytes": CPU_USED, "storage_used_bytes": (*STORAGE_USED, "quota API current_usage_gb"),
     "storage_quota_bytes": ("quota API limit_gb",), "demand_chunks": (STACK_DISTANCE_CHUNKS,),
     "demand_bytes": (STACK_DISTANCE_BYTES,), "demand_last_lookup": PROBE_LAST_LOOKUP,
+    "lmcache_lookups": LMCACHE_LOOKUPS, "probe_lookups": PROBE_LOOKUPS, "probe_decay_ticks": PROBE_DECAY_TICKS,
+    "probe_tick_seconds": PROBE_TICK_SECONDS, "probe_window_seconds": PROBE_WINDOW_SECONDS,
 }
 
 
@@ -289,11 +305,16 @@ def replica_snapshot(
         lmcache_hit=engines.counter(LMCACHE_HIT),
         lmcache_hit_l1=engines.counter(LMCACHE_HIT_L1),
         lmcache_hit_l2=engines.counter(LMCACHE_HIT_L2),
+        lmcache_lookups=engines.counter(LMCACHE_LOOKUPS),
         cpu_used_bytes=engines.gauge(CPU_USED),
         storage_used_bytes=quota_used if quota_used is not None else storage_used,
         storage_quota_bytes=quota_bytes,
         demand_chunks=reader.histogram((STACK_DISTANCE_CHUNKS,)),
         demand_bytes=reader.histogram((STACK_DISTANCE_BYTES,)),
         demand_last_lookup=reader.gauge(PROBE_LAST_LOOKUP),
+        probe_lookups=reader.counter(PROBE_LOOKUPS),
+        probe_decay_ticks=reader.counter(PROBE_DECAY_TICKS),
+        probe_tick_seconds=reader.gauge(PROBE_TICK_SECONDS),
+        probe_window_seconds=reader.gauge(PROBE_WINDOW_SECONDS),
         problems=tuple(reader.problems),
     )
