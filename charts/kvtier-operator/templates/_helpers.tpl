@@ -91,10 +91,11 @@ the embedded API server's request log of the whole e2e suite, both ways.
 
 {{/* Namespaced resources: in the ClusterRole (all namespaces), or in a Role per watched namespace. */}}
 {{- define "kvtier.rules.namespaced" -}}
-# InferenceDeployments: watched by kopf (finalizer, progress annotations), status by the operator.
+# InferenceDeployments: watched by kopf (finalizer, progress annotations), status by the operator;
+# read by the pool's rebalance rounds.
 - apiGroups: ["kvtier.io"]
   resources: ["inferencedeployments"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["kvtier.io"]
   resources: ["inferencedeployments/status"]
   verbs: ["patch"]

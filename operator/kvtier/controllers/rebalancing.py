@@ -135,8 +135,9 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
         await _write_record(kube, name, record)
         await post_event(kube, body, "Normal", "RebalanceDryRun", _summary(record))
         return report
-    if not await _write_ledger(kube, name, members, quotas, record):
-        log.info("KVPool %s: the ledger changed during the round; the next round decides again", name)
+    refused = await _write_ledger(kube, name, members, quotas, record)
+    if refused:
+        log.info("KVPool %s: no move this round: %s", name, refused)
         return report
     report.applied = True
     memory.last_move, memory.moved_at = now, now
@@ -193,7 +194,7 @@ def _state(book: DemandBook, member: _Member, unit: int, capacity_units: int, se
                         front_chunks=cpu / chunk)
     estimate = book.estimate(member.key, now, replicas=member.replicas, units=capacity_units, geometry=geometry,
                              half_life_seconds=HALF_LIFE_INTERVALS * settings.interval_seconds)
-    current = member.quota * member.replicas // unit
+    current = _units(member, unit)
     return DeploymentState(
         current=current,
         estimate=estimate,
@@ -205,33 +206,43 @@ def _state(book: DemandBook, member: _Member, unit: int, capacity_units: int, se
     )
 
 
+def _units(member: _Member, unit: int) -> int:
+    """What a deployment holds, in units rounded up: a deployment kept as it is never takes more bytes
+    than its units, so the units adding up to the capacity means the bytes do too."""
+    return -(-member.quota * member.replicas // unit)
+
+
 def _per_replica(units: int, unit: int, member: _Member) -> int:
     """A deployment's total units as a per-replica quota: aligned down, within its bounds."""
     storage = member.deployment.spec.kv_cache.storage
     assert storage is not None
-    if units == member.quota * member.replicas // unit:
+    if units == _units(member, unit):
         return member.quota  # unchanged: no rounding drift
     quota = units * unit // member.replicas // QUOTA_ALIGN * QUOTA_ALIGN
     return max(min(quota, member.cap), min(storage.effective_min, member.cap))
 
 
 async def _write_ledger(kube: KubeClient, name: str, members: list[_Member], quotas: Mapping[str, int],
-                        record: RebalanceRecord) -> bool:
-    """The new quotas and the record, only if the ledger still holds what the round decided on."""
+                        record: RebalanceRecord) -> str | None:
+    """The new quotas and the record, only if the ledger still holds what the round decided on;
+    None when written, else why not."""
     expected = {m.uid: (m.replicas, m.quota, f"{m.key[0]}/{m.key[1]}") for m in members}
-    written = False
+    refused: str | None = None
 
     def change(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
-        nonlocal written
-        written = False
+        nonlocal refused
         seen = {a.uid: (a.replicas, a.quota) for a in status.allocations if a.uid in expected}
         if seen != {uid: value[:2] for uid, value in expected.items()}:
+            refused = "the ledger changed during the round (an admission, a scale or a release)"
             return status
         allocations = [a.model_copy(update={"quota": quotas[expected[a.uid][2]]}) if a.uid in expected else a
                        for a in status.allocations]
-        if sum(a.quota * a.replicas for a in allocations) > pool.spec.capacity:
-            return status  # never hand out more than the pool holds
-        written = True
+        total = sum(a.quota * a.replicas for a in allocations)
+        if total > pool.spec.capacity:  # never hand out more than the pool holds
+            refused = (f"the new quotas add up to {format_quantity(total)}, more than the capacity "
+                       f"{format_quantity(pool.spec.capacity)}")
+            return status
+        refused = None
         used = sum(a.quota * a.replicas for a in allocations)
         return status.model_copy(update={"allocations": allocations, "last_rebalance": record, "allocated": used,
                                          "available": max(pool.spec.capacity - used, 0)})
@@ -239,8 +250,8 @@ async def _write_ledger(kube: KubeClient, name: str, members: list[_Member], quo
     try:
         await update_pool_status(kube, name, change)
     except PoolGone:
-        return False
-    return written
+        return "the pool is gone"
+    return refused
 
 
 async def _write_record(kube: KubeClient, name: str, record: RebalanceRecord) -> None:
