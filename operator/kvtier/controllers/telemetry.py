@@ -183,14 +183,23 @@ class TelemetryLoop:
 
     async def _query(self, scraper: Scraper, prometheus: PrometheusClient,
                      by_deployment: dict[DeploymentKey, list[Target]]) -> dict[DeploymentKey, Summary]:
-        """Prometheus holds the engine series; the quota API is read from the pods themselves."""
+        """Prometheus holds the engine series; the quota API (which Prometheus does not hold) and the
+        probes (whose decaying histograms the rebalancer takes increments of, scrape by scrape) are
+        read from the pods themselves."""
         window = self.config.telemetry_window_seconds
-        quota_targets = [Target(t.namespace, t.deployment, t.pod, t.ip, tuple(p for p in t.ports if p[0] == "quota"))
-                         for key, targets in by_deployment.items() if key in self.deployments for t in targets]
+        direct = [Target(t.namespace, t.deployment, t.pod, t.ip, tuple(p for p in t.ports if p[0] in ("quota", "probe")))
+                  for key, targets in by_deployment.items() if key in self.deployments for t in targets]
         quotas: dict[DeploymentKey, dict[str, Any]] = {}
-        for scrape in await scraper.scrape_all(quota_targets):
-            if scrape.ok:
+        probes: dict[tuple[DeploymentKey, str], Scrape] = {}
+        for scrape in await scraper.scrape_all(direct):
+            if scrape.ok and scrape.endpoint == "quota":
                 quotas.setdefault(scrape.target.key, {})[scrape.target.pod] = scrape.data
+            elif scrape.ok:
+                probes[scrape.target.key, scrape.target.pod] = scrape
+        if self.demand is not None:
+            for (key, pod), scrape in probes.items():
+                quota = quotas.get(key, {}).get(pod)
+                self.demand.observe(key, pod, scrape.at, replica_snapshot(probe=scrape.page, quota=quota))
         summaries = {}
         for key, targets in by_deployment.items():
             deployment = self.deployments.get(key)

@@ -2,6 +2,17 @@
 
 - ``metrics``: the operator's own Prometheus metrics (``kvtier_*``).
 
+The I/O half (driven by :mod:`kvtier.controllers.telemetry`, one loop per operator):
+
+- ``targets``: ``TargetIndex``, the Ready replicas of every InferenceDeployment and the ports of
+  their vLLM, LMCache, probe and quota endpoints, kept current by a pod watch (a list only at
+  start and after a 410).
+- ``scraper``: ``Scraper`` (one aiohttp session, bounded concurrency, per-request timeouts, a
+  body size limit, errors classified into ``kvtier_scrape_errors_total{reason}``) and
+  ``PrometheusClient`` (``/api/v1/query`` for ``--metrics-source prometheus``).
+- ``report``: a ``Summary`` as ``status.kv``, the ``MetricsAvailable`` condition, and the
+  watermark and hit-ratio alerts that become Events.
+
 The pure half (no I/O; each module's docstring has the details):
 
 - ``exposition``: ``parse_exposition(body: bytes | str, *, max_bytes=MAX_BYTES,
