@@ -192,14 +192,19 @@ class TelemetryLoop:
         quotas: dict[DeploymentKey, dict[str, Any]] = {}
         probes: dict[tuple[DeploymentKey, str], Scrape] = {}
         for scrape in await scraper.scrape_all(direct):
-            if scrape.ok and scrape.endpoint == "quota":
+            if not scrape.ok:
+                self.deployments[scrape.target.key].failures.append(
+                    f"{scrape.target.pod}: {scrape.endpoint}: {scrape.error}: {scrape.detail}")
+            elif scrape.endpoint == "quota":
                 quotas.setdefault(scrape.target.key, {})[scrape.target.pod] = scrape.data
-            elif scrape.ok:
+            else:
                 probes[scrape.target.key, scrape.target.pod] = scrape
         if self.demand is not None:
             for (key, pod), scrape in probes.items():
                 quota = quotas.get(key, {}).get(pod)
                 self.demand.observe(key, pod, scrape.at, replica_snapshot(probe=scrape.page, quota=quota))
+            for key, targets in by_deployment.items():
+                self.demand.forget(key, [t.pod for t in targets])
         summaries = {}
         for key, targets in by_deployment.items():
             deployment = self.deployments.get(key)
@@ -211,6 +216,8 @@ class TelemetryLoop:
             failed = [f"query {query}: {answer.get('error')}" for query, answer in answers.items()
                       if isinstance(answer, dict) and answer.get("status") == "error"]
             deployment.failures.extend(failed)
+            if failed:
+                continue  # no summary from part of the series: status.kv keeps its last numbers, the condition says why
             summaries[key] = promql.summary_from_results(
                 answers, window, required=deployment.window.required, expected=[t.pod for t in targets],
                 quotas=quotas.get(key))

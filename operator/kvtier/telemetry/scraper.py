@@ -23,6 +23,7 @@ Every scrape feeds ``kvtier_scrape_duration_seconds`` and, on failure,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import Counter
@@ -39,15 +40,19 @@ from kvtier.telemetry.targets import ENDPOINTS, Target
 
 REASONS = ("timeout", "refused", "connection", "http_status", "too_large", "parse")
 _ACCEPT = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+#: Bytes of an error answer's body kept (Prometheus explains a failed query there).
+ERROR_BODY_BYTES = 4096
 
 
 class ScrapeError(Exception):
     """A failed fetch: ``reason`` is one of :data:`REASONS`."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, body: bytes = b"") -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        #: The start of the body of an ``http_status`` answer, when asked for (``fetch(error_body=True)``).
+        self.body = body
 
 
 @dataclass(frozen=True)
@@ -112,13 +117,18 @@ class Scraper:
             await self._session.close()
             self._session = None
 
-    async def fetch(self, url: str) -> bytes:
-        """The body of ``url``, or :class:`ScrapeError`."""
+    async def fetch(self, url: str, *, error_body: bool = False) -> bytes:
+        """The body of ``url``, or :class:`ScrapeError` (carrying the start of a non-200 answer's
+        body if ``error_body``)."""
         assert self._session is not None, "open the scraper first"
         try:
             async with self._session.get(url, allow_redirects=False) as reply:
                 if reply.status != 200:
-                    raise ScrapeError("http_status", f"HTTP {reply.status}")
+                    body = b""
+                    if error_body:
+                        with contextlib.suppress(aiohttp.ClientError, OSError, asyncio.TimeoutError):
+                            body = await reply.content.read(ERROR_BODY_BYTES)
+                    raise ScrapeError("http_status", f"HTTP {reply.status}", body)
                 if reply.content_length is not None and reply.content_length > self.max_bytes:
                     raise ScrapeError("too_large", f"Content-Length {reply.content_length} > {self.max_bytes}")
                 chunks, size = [], 0
@@ -185,7 +195,8 @@ class PrometheusClient:
 
     Shares the scraper's session, concurrency bound, timeout and body limit; a failed query is
     an answer with ``status: error`` (what :func:`~kvtier.telemetry.promql.parse_vector` reads as
-    a failed query), so one bad query never hides the others.
+    a failed query), so one bad query never hides the others. Prometheus answers a failed query
+    with a 4xx/5xx status and says why in a JSON body: that reason is kept.
     """
 
     def __init__(self, url: str, scraper: Scraper) -> None:
@@ -198,11 +209,16 @@ class PrometheusClient:
         async with self.scraper._semaphore:
             start = time.perf_counter()
             try:
-                body = await self.scraper.fetch(f"{self.url}?{urlencode({'query': expression})}")
+                body = await self.scraper.fetch(f"{self.url}?{urlencode({'query': expression})}", error_body=True)
                 answer = json.loads(body)
                 reason = None
             except ScrapeError as error:
                 answer, reason = {"status": "error", "error": f"{error.reason}: {error.detail}"}, error.reason
+                with contextlib.suppress(ValueError, RecursionError):
+                    explained = json.loads(error.body) if error.body else None
+                    if isinstance(explained, dict) and explained.get("status") == "error":
+                        answer = {"status": "error", "errorType": explained.get("errorType", "error"),
+                                  "error": f"{answer['error']}: {explained.get('error', 'no reason given')}"}
             except ValueError as error:
                 answer, reason = {"status": "error", "error": f"not JSON: {error}"}, "parse"
         if self.scraper.metrics is not None:
