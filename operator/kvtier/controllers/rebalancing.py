@@ -129,7 +129,7 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
     moved_bytes = sum(max(0, move.to_quota - move.from_quota) * by_name[f"{move.namespace}/{move.name}"].replicas
                       for move in moves)
     record = RebalanceRecord(time=datetime.now(timezone.utc), moved_bytes=moved_bytes,
-                             predicted_gain=_finite(decision.predicted_gain), reason=decision.reason,
+                             predicted_gain=_finite(decision.predicted_gain), reason=_reason(decision, settings),
                              dry_run=decision.outcome == "dry-run", moves=moves)
     if record.dry_run:
         await _write_record(kube, name, record)
@@ -158,7 +158,7 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
         member = by_name[f"{move.namespace}/{move.name}"]
         await post_event(kube, member.body, "Normal", "StorageQuotaChanged",
                          f"KVPool {name} moved this deployment's storage quota from {format_quantity(move.from_quota)} "
-                         f"to {format_quantity(move.to_quota)} per replica: {decision.reason}")
+                         f"to {format_quantity(move.to_quota)} per replica: {record.reason}")
     return report
 
 
@@ -287,12 +287,24 @@ def _realised_gain(book: DemandBook, metrics: OperatorMetrics, name: str, member
     memory.moved_at = None
 
 
+def _reason(decision: Decision, settings: LoopSettings) -> str:
+    """Why the round moved, in the spec's terms (the loop's own reason counts internal units)."""
+    if decision.outcome == "static":
+        why = "policy Static: every deployment back to its request"
+    elif settings.policy == "Proportional":
+        why = "policy Proportional: shares by weight x access rate"
+    else:
+        why = f"predicted gain {decision.predicted_gain:+.1%} >= minGain {settings.min_gain:g}"
+    if decision.frozen:
+        why += f"; kept as they are (no fresh metrics): {', '.join(decision.frozen)}"
+    return why
+
+
 def _summary(record: RebalanceRecord) -> str:
     moves = ", ".join(f"{m.namespace}/{m.name} {format_quantity(m.from_quota)}->{format_quantity(m.to_quota)}"
                       for m in record.moves)
-    prefix = "would move" if record.dry_run else "moved"
-    return (f"{prefix} {format_quantity(record.moved_bytes)} (per-replica quotas {moves}); predicted gain "
-            f"{record.predicted_gain:+.1%}: {record.reason}")
+    prefix = "dry run: would move" if record.dry_run else "moved"
+    return f"{prefix} {format_quantity(record.moved_bytes)} (per-replica quotas {moves}): {record.reason}"
 
 
 def _finite(value: float) -> float:
