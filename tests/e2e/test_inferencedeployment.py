@@ -144,3 +144,25 @@ def test_a_spec_that_fits_no_node_says_so_and_creates_no_pods(cluster, namespace
     assert condition(infd, "Degraded")["status"] == "True"
     assert get(cluster, STATEFULSETS, namespace, "too-wide") is None
     assert any(e["reason"] == "DoesNotFit" and e["type"] == "Warning" for e in events(cluster, namespace, "too-wide"))
+
+
+def test_a_horizontal_pod_autoscaler_targets_the_scale_subresource(cluster, examples):
+    """What an HPA controller needs: an autoscaling/v2 HPA naming the kind is accepted, and the scale
+    subresource's selector picks exactly the deployment's replicas. (The embedded cluster runs no HPA
+    controller, and `kubectl autoscale` posts protobuf, which it does not speak: the HPA is applied.)"""
+    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+           "metadata": {"name": "coder-480b", "namespace": "default"},
+           "spec": {"scaleTargetRef": {"apiVersion": "kvtier.io/v1alpha1", "kind": "InferenceDeployment",
+                                       "name": "coder-480b"},
+                    "minReplicas": 1, "maxReplicas": 3,
+                    "metrics": [{"type": "Resource", "resource": {
+                        "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}}
+    kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(hpa))
+    try:
+        path = "/apis/kvtier.io/v1alpha1/namespaces/default/inferencedeployments/coder-480b/scale"
+        scale = wait_for(lambda: (s := json.loads(kubectl(cluster, "get", "--raw", path).stdout))["status"].get("replicas")
+                         and s, message="the scale subresource to report replicas")
+        pods = items(cluster, PODS, "default", scale["status"]["selector"])
+        assert sorted(p["metadata"]["name"] for p in pods) == [f"coder-480b-{i}" for i in range(scale["status"]["replicas"])]
+    finally:
+        kubectl(cluster, "delete", "hpa", "coder-480b", "-n", "default", "--ignore-not-found")

@@ -1,8 +1,14 @@
-"""Kubernetes Events about kvtier's objects, posted once per condition change (not once per resync)."""
+"""Kubernetes Events about kvtier's objects, posted once per condition change (not once per resync).
+
+The same Event (object, type, reason, message) is posted at most once per `REPEAT_SECONDS`: a
+timer and a change handler of one object can see the same transition at the same time.
+"""
 
 from __future__ import annotations
 
 import socket
+import time
+from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Any
 
@@ -12,11 +18,30 @@ from kvtier.kube import EVENTS, APIError, KubeClient
 COMPONENT = "kvtier"
 #: The value of each condition that deserves a Warning when it appears; reaching the other value is Normal.
 TROUBLE = {"Ready": "False", "StorageBound": "False", "Degraded": "True", "OverCommitted": "True"}
+#: Least seconds between two posts of the same Event.
+REPEAT_SECONDS = 60.0
+#: Events remembered for that (the oldest are forgotten first).
+REMEMBERED = 4096
+
+_posted: OrderedDict[tuple[str, ...], float] = OrderedDict()
+
+
+def _first_in_a_while(key: tuple[str, ...]) -> bool:
+    """Whether `key` was not posted within `REPEAT_SECONDS` (and remember that it is now)."""
+    now = time.monotonic()
+    last = _posted.pop(key, None)
+    _posted[key] = now if last is None or now - last >= REPEAT_SECONDS else last
+    while len(_posted) > REMEMBERED:
+        _posted.popitem(last=False)
+    return last is None or now - last >= REPEAT_SECONDS
 
 
 async def post_event(kube: KubeClient, body: Any, kind: str, reason: str, message: str) -> None:
     """Post one Event about `body` (`kind` is Normal or Warning); cluster-scoped objects' go to `default`."""
     metadata = body["metadata"]
+    key = (metadata.get("uid") or f"{metadata.get('namespace')}/{metadata['name']}", kind, reason, message)
+    if not _first_in_a_while(key):
+        return
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     event = {
         "apiVersion": "v1",
