@@ -131,6 +131,26 @@ def test_operator_killed_mid_allocation_leaves_a_consistent_ledger(cluster, name
     assert bound == sorted(a["name"] for a in status["allocations"]) and len(bound) == 6
 
 
+def test_a_deployment_moved_to_another_pool_is_released_from_the_first(cluster, namespace, pool):
+    other = f"{pool}-b"
+    create_pool(cluster, csi_pool(pool, "2Ti"))
+    create_pool(cluster, csi_pool(other, "2Ti"))
+    try:
+        create_deployment(cluster, deployment(namespace, "mover", pool))
+        wait_for(lambda: storage_bound(cluster, namespace, "mover").get("status") == "True", message="bound to the first")
+        kubectl(cluster, "patch", "infd", "mover", "-n", namespace, "--type=merge",
+                "-p", '{"spec": {"kvCache": {"storage": {"poolRef": "%s"}}}}' % other)
+        wait_for(lambda: [a["name"] for a in get(cluster, KVPOOLS, None, other)["status"].get("allocations", [])]
+                 == ["mover"], message="an entry in the second pool")
+        wait_for(lambda: not get(cluster, KVPOOLS, None, pool)["status"].get("allocations"), timeout=30,
+                 message="the first pool to release the moved deployment's entry")
+        assert get(cluster, KVPOOLS, None, pool)["status"]["available"] == "2Ti"
+    finally:
+        kubectl(cluster, "delete", "infd", "mover", "-n", namespace, "--wait=false")
+        wait_for(lambda: not items(cluster, INFERENCEDEPLOYMENTS, namespace), timeout=60, message="deployment gone")
+        kubectl(cluster, "delete", "kvp", other, "--ignore-not-found")
+
+
 def test_pool_deletion_waits_for_its_deployments(cluster, namespace, pool):
     create_pool(cluster, csi_pool(pool, "2Ti"))
     create_deployment(cluster, deployment(namespace, "user", pool))

@@ -101,11 +101,13 @@ def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None,
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
-    @kopf.index(*DEPLOYMENTS, id="deployment_uids", registry=registry)
-    def deployment_uids(body: kopf.Body, **_: Any) -> dict[str, None]:
-        return {body.metadata.uid: None}
+    @kopf.index(*DEPLOYMENTS, id="deployment_pools", registry=registry)
+    def deployment_pools(body: kopf.Body, **_: Any) -> dict[str, str]:
+        """Every InferenceDeployment's uid -> the pool it names now."""
+        storage = ((body.get("spec") or {}).get("kvCache") or {}).get("storage") or {}
+        return {body.metadata.uid: storage.get("poolRef") or ""}
 
-    async def reconcile(body: kopf.Body, memo: kopf.Memo, deployment_uids: kopf.Index, **_: Any) -> None:
+    async def reconcile(body: kopf.Body, memo: kopf.Memo, deployment_pools: kopf.Index, **_: Any) -> None:
         generation = body.metadata.get("generation")
         try:
             pool = parse(KVPool, body)
@@ -122,10 +124,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             reclaim = await reclaim_volumes(memo.kube, pool, config.namespace, config.render.wipe_image)
 
         def refresh(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
-            # Entries of deployments that no longer exist (deleted while the operator was down) are released.
-            alive = set(deployment_uids)
+            # Entries of deployments that no longer exist (deleted while the operator was down) or that
+            # name another pool now (a changed poolRef) are released.
             for uid in {a.uid for a in status.allocations} | {w.uid for w in status.waiting}:
-                if uid not in alive:
+                if pool.metadata.name not in deployment_pools.get(uid, ()):
                     status = release(pool, status, uid)
             status = reclaimed(pool, status, reclaim.freed).model_copy(update={"observed_generation": generation})
             conditions = pool_conditions(pool, status, generation, reclaim.problems)
