@@ -86,10 +86,11 @@ class OperatorMetrics:
         self.rebalance_moved_bytes = Counter(
             "kvtier_rebalance_moved_bytes", "Bytes of quota moved between deployments.", ["pool"], registry=r)
         self.rebalance_predicted_gain = Gauge(
-            "kvtier_rebalance_predicted_gain", "Gain the last move predicted (pool value units per second).",
+            "kvtier_rebalance_predicted_gain", "Relative gain of the pool's objective the last move predicted (0.05: 5%).",
             ["pool"], registry=r)
         self.rebalance_realised_gain = Gauge(
-            "kvtier_rebalance_realised_gain", "Gain measured one interval after the last move.",
+            "kvtier_rebalance_realised_gain", "Relative change of the pool's measured storage hit rate one interval "
+            "after the last move.",
             ["pool"], registry=r)
         self.rebalance_quota = Gauge(
             "kvtier_rebalance_quota_bytes", "Storage quota per replica the rebalancer set last.",
