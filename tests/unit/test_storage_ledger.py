@@ -149,3 +149,14 @@ def test_random_claims_never_over_commit_or_share_a_namespace(ops, static):
         used |= set(volumes)
         assert all(len(a.volumes) == a.replicas for a in status.allocations) or not static
         assert len({a.uid for a in status.allocations}) == len(status.allocations)
+
+
+def test_readmitting_an_unchanged_deployment_changes_nothing():
+    """Each resync re-admits every deployment: the ledger must come back identical (same order), or
+    every resync would rewrite the pool's status and race the rebalancer's compare-and-swap."""
+    pool = csi_pool()
+    status = KVPoolStatus()
+    for name in ("a", "b", "c"):
+        status = admit(pool, status, claim(name)).status
+    for name in ("a", "b", "c", "a"):
+        assert admit(pool, status, claim(name)).status == status

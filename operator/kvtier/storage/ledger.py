@@ -175,7 +175,12 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Decision:
     allocation = Allocation(namespace=claim.namespace, name=claim.name, uid=claim.uid, replicas=claim.replicas,
                             quota=quota, volumes=volumes)
     dropped = [uuid for uuid in (existing.volumes if existing else []) if uuid not in volumes]
-    new = summarise(pool, status.model_copy(update={"allocations": [*others, allocation], "waiting": queue,
+    # An admitted deployment keeps its place in the list: an unchanged entry leaves the status unchanged.
+    kept = {a.uid for a in others} | {claim.uid}
+    allocations = [allocation if a.uid == claim.uid else a for a in status.allocations if a.uid in kept]
+    if existing is None:
+        allocations.append(allocation)
+    new = summarise(pool, status.model_copy(update={"allocations": allocations, "waiting": queue,
                                                     "reclaiming": _reclaim(status, stale + dropped)}))
     return Decision(new, allocation, "Bound",
                     f"{format_quantity(quota)} per replica x {claim.replicas} from KVPool {pool.metadata.name}")
