@@ -2,7 +2,8 @@
 another; quotas follow the busy one, every move is explained, and an operator killed in the middle of
 a round leaves the ledger and the engines' quotas consistent.
 
-Embedded cluster only: the load is a trace file on this machine that the simulated engines replay.
+The shifting-load tests need the embedded cluster (the load is a trace file on this machine that the
+simulated engines replay); the Static and dry-run ones run anywhere.
 """
 
 from __future__ import annotations
@@ -16,9 +17,20 @@ import pytest
 from kvtier.api.units import parse_quantity
 from kvtier.demo.manifests import DEPLOYMENTS, DemoManifests
 from kvtier.demo.workload import Workload
-from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, PODS
+from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, PODS, STORAGECLASSES
 from tests.conftest import wait_for
-from tests.e2e.helpers import condition, create_deployment, create_pool, events, get, items, kubectl
+from tests.e2e.helpers import (
+    TI,
+    condition,
+    create_deployment,
+    create_pool,
+    csi_pool,
+    deployment,
+    events,
+    get,
+    items,
+    kubectl,
+)
 
 INTERVAL = 2.0
 SPEED = 10.0
@@ -123,3 +135,46 @@ def test_an_operator_killed_mid_round_leaves_ledger_and_engines_consistent(clust
              message="every engine's quota equal to its ledger entry")
     status = get(cluster, KVPOOLS, None, pool)["status"]
     assert parse_quantity(status["allocated"]) == sum(quotas(cluster, pool).values()) <= parse_quantity("96Gi")
+
+
+@pytest.fixture
+def static_pool(cluster, namespace):
+    """A 3Ti Static pool rebalanced every second, and two deployments asking 2Ti each (min 1Ti): the
+    second is admitted short, at 1Ti. Yields (pool name, the second deployment's name)."""
+    pool = f"{namespace}-pool"
+    body = csi_pool(pool, "3Ti")
+    body["spec"]["rebalance"] = {"policy": "Static", "interval": "1s", "cooldown": "1s"}
+    if get(cluster, STORAGECLASSES, None, "sim-fast") is None:
+        cluster.run(cluster.kube.create(STORAGECLASSES, {
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "sim-fast"},
+            "provisioner": "csi.example.com", "reclaimPolicy": "Delete"}))
+    create_pool(cluster, body)
+    create_deployment(cluster, deployment(namespace, "first", pool, request="2Ti", minimum="1Ti"))
+    wait_for(lambda: quotas(cluster, pool).get("first") == 2 * TI, message="first admitted at its request")
+    create_deployment(cluster, deployment(namespace, "second", pool, request="2Ti", minimum="1Ti"))
+    wait_for(lambda: quotas(cluster, pool).get("second") == TI, message="second admitted short")
+    yield pool
+    kubectl(cluster, "delete", "infd", "--all", "-n", namespace, "--wait=false")
+    wait_for(lambda: not items(cluster, INFERENCEDEPLOYMENTS, namespace), timeout=60, message="deployments gone")
+    kubectl(cluster, "delete", "kvp", pool, "--ignore-not-found")
+
+
+def test_static_brings_a_deployment_back_to_exactly_its_request_once_there_is_room(cluster, namespace, static_pool):
+    kubectl(cluster, "delete", "infd", "first", "-n", namespace, "--wait=false")
+    wait_for(lambda: quotas(cluster, static_pool) == {"second": 2 * TI}, timeout=30, interval=0.2,
+             message="second at exactly its 2Ti request")
+    record = get(cluster, KVPOOLS, None, static_pool)["status"]["lastRebalance"]
+    assert not record["dryRun"] and record["reason"].startswith("policy Static")
+
+
+def test_a_dry_run_reports_once_and_moves_nothing(cluster, namespace, static_pool):
+    kubectl(cluster, "patch", "kvp", static_pool, "--type=merge", "-p", '{"spec": {"rebalance": {"dryRun": true}}}')
+    kubectl(cluster, "delete", "infd", "first", "-n", namespace, "--wait=false")
+    record = wait_for(lambda: (get(cluster, KVPOOLS, None, static_pool)["status"].get("lastRebalance") or {})
+                      .get("dryRun") and get(cluster, KVPOOLS, None, static_pool)["status"]["lastRebalance"],
+                      timeout=30, interval=0.2, message="a dry-run record")
+    assert record["moves"] == [{"namespace": namespace, "name": "second", "fromQuota": "1Ti", "toQuota": "2Ti"}]
+    time.sleep(3)  # three more rounds
+    assert quotas(cluster, static_pool) == {"second": TI}
+    reported = [e for e in events(cluster, "default", static_pool) if e["reason"] == "RebalanceDryRun"]
+    assert len(reported) == 1 and "would move" in reported[0]["message"]

@@ -20,7 +20,7 @@ def member(quota: int, replicas: int, min_: int = 0, max_: int = 64 * GI) -> _Me
                  "kvCache": {"chunkSize": 256, "cpu": {"size": "16Gi"},
                              "storage": {"poolRef": "p", "request": min_, "min": min_, "max": max_}}},
     }
-    return _Member("u", body, InferenceDeployment.model_validate(body), replicas, quota, max_)
+    return _Member("u", body, InferenceDeployment.model_validate(body), replicas, quota, max_, min_)
 
 
 def test_a_pool_has_at_most_about_4096_aligned_units():

@@ -82,6 +82,24 @@ def test_static_puts_every_deployment_at_its_request_whatever_the_curves():
     assert decide(_pool(), 100, LoopSettings(policy="Static"), now=0.0).changes == ()
 
 
+def test_static_honours_dry_run_and_cooldown():
+    pool = _pool(busy_options={"request_units": 30}, idle_options={"request_units": 70})
+    dry = decide(pool, 100, LoopSettings(policy="Static", dry_run=True), now=0.0)
+    assert dry.outcome == "dry-run" and not dry.applies and dry.proposed == {"busy": 30, "idle": 70}
+    cooling = decide(pool, 100, LoopSettings(policy="Static", cooldown_seconds=300), now=100.0, last_move=0.0)
+    assert cooling.outcome == "cooldown" and cooling.target == {"busy": 50, "idle": 50}
+
+
+def test_a_pool_holding_more_than_it_may_divide_makes_room_whatever_the_gain():
+    """Capacity lowered, or a waiting deployment's minimum kept aside: the deployments shrink into what
+    there is, even though that loses value (below any minGain) and whatever maxStep says."""
+    settings_ = LoopSettings(min_gain=0.05, max_step=0.1, cooldown_seconds=0)
+    twins = {name: DeploymentState(50, _estimate(BUSY)) for name in ("a", "b")}
+    decision = decide(twins, 80, settings_, now=0.0)
+    assert decision.outcome == "moved" and decision.predicted_gain < 0 and decision.target == {"a": 40, "b": 40}
+    assert "making room" in decision.reason
+
+
 def test_a_stale_deployment_is_frozen_and_the_others_share_the_rest():
     pool = {**_pool(busy=20, idle=50), "gone": DeploymentState(30, _estimate(BUSY, stale=True)),
             "new": DeploymentState(0, None)}

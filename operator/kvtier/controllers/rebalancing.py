@@ -43,9 +43,10 @@ from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, PODS, APIError, KubeClien
 from kvtier.rebalance.actuator import apply_quotas
 from kvtier.rebalance.demand import DemandBook, Geometry
 from kvtier.rebalance.loop import Decision, DeploymentState, LoopSettings, decide
-from kvtier.render import selector
+from kvtier.render import StorageBinding, selector
 from kvtier.render.lmcache import slot_bytes
-from kvtier.storage.ledger import QUOTA_ALIGN
+from kvtier.render.volumes import kv_volume
+from kvtier.storage.ledger import QUOTA_ALIGN, allocated, summarise
 from kvtier.telemetry.metrics import OperatorMetrics
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ log = logging.getLogger(__name__)
 POOL_UNITS = 4096
 #: The estimator's half-life, in rebalance intervals: a phase change shows within an interval or two.
 HALF_LIFE_INTERVALS = 0.25
+#: Longest wait between two looks at `spec.rebalance.interval` (seconds).
+INTERVAL_SLICE = 10.0
 
 
 def pool_unit(capacity: int) -> int:
@@ -83,7 +86,9 @@ class _Member:
     quota: int
     """Per-replica quota in the ledger."""
     cap: int
-    """Per-replica ceiling: `max`, and in a static pool the smallest bound namespace."""
+    """Per-replica ceiling: `max`, and what the replica's volume offers LMCache."""
+    request: int
+    """Per-replica `request`, within the ceiling (where `Static` keeps it)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -106,13 +111,17 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
         return None
     pool = parse(KVPool, body)
     status = pool.status or KVPoolStatus()
-    members = await _members(kube, pool, status)
+    members = await _members(kube, pool, status, config.render.filesystem_reserve)
     if not members:
         return None
     unit = pool_unit(pool.spec.capacity)
     settings = LoopSettings.from_spec(pool.spec.rebalance)
+    # Kept out of the division: what waiting deployments need at their minimum, and what entries
+    # outside the round hold (deployments being deleted, scaled to zero, or not parseable).
     reserved = sum(w.needs for w in status.waiting)
-    capacity_units = max(pool.spec.capacity - reserved, 0) // unit
+    in_round = {m.uid for m in members}
+    held = sum(a.allocated for a in status.allocations if a.uid not in in_round)
+    capacity_units = max(pool.spec.capacity - reserved - held, 0) // unit
     states = {f"{m.key[0]}/{m.key[1]}": _state(book, m, unit, capacity_units, settings, now) for m in members}
     if memory.last_move is None and status.last_rebalance is not None and not status.last_rebalance.dry_run:
         memory.last_move = now - (datetime.now(timezone.utc) - status.last_rebalance.time).total_seconds()
@@ -120,7 +129,11 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
     metrics.rebalance_rounds.labels(pool=name, outcome=decision.outcome).inc()
     _realised_gain(book, metrics, name, members, memory, now, settings.interval_seconds)
     by_name = {f"{m.key[0]}/{m.key[1]}": m for m in members}
-    quotas = {key: _per_replica(decision.proposed[key], unit, by_name[key]) for key in by_name}
+    if settings.policy == "Static":  # exactly the requests, not their rounding to units
+        quotas = {key: m.request if decision.proposed[key] != _units(m, unit) else m.quota
+                  for key, m in by_name.items()}
+    else:
+        quotas = {key: _per_replica(decision.proposed[key], unit, by_name[key]) for key in by_name}
     moves = [QuotaMove(namespace=m.key[0], name=m.key[1], from_quota=m.quota, to_quota=quotas[key])
              for key, m in by_name.items() if quotas[key] != m.quota]
     report = RoundReport(decision, moves)
@@ -132,8 +145,10 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
                              predicted_gain=_finite(decision.predicted_gain), reason=_reason(decision, settings),
                              dry_run=decision.outcome == "dry-run", moves=moves)
     if record.dry_run:
-        await _write_record(kube, name, record)
-        await post_event(kube, body, "Normal", "RebalanceDryRun", _summary(record))
+        last = status.last_rebalance
+        if last is None or not last.dry_run or last.moves != record.moves:  # once per proposal, not every round
+            await _write_record(kube, name, record)
+            await post_event(kube, body, "Normal", "RebalanceDryRun", _summary(record))
         return report
     refused = await _write_ledger(kube, name, members, quotas, record)
     if refused:
@@ -162,9 +177,9 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
     return report
 
 
-async def _members(kube: KubeClient, pool: KVPool, status: KVPoolStatus) -> list[_Member]:
+async def _members(kube: KubeClient, pool: KVPool, status: KVPoolStatus, reserve: float) -> list[_Member]:
     members = []
-    sizes = {ns.uuid: ns.size for ns in pool.spec.storage.nvmeof.namespaces} if pool.spec.storage.nvmeof else {}
+    namespaces = {ns.uuid: ns for ns in pool.spec.storage.nvmeof.namespaces} if pool.spec.storage.nvmeof else {}
     for allocation in status.allocations:
         if allocation.replicas < 1:
             continue
@@ -178,8 +193,13 @@ async def _members(kube: KubeClient, pool: KVPool, status: KVPoolStatus) -> list
         storage = deployment.spec.kv_cache.storage
         if storage is None:
             continue
-        cap = min([storage.effective_max, *(sizes[uuid] for uuid in allocation.volumes if uuid in sizes)])
-        members.append(_Member(allocation.uid, body, deployment, allocation.replicas, allocation.quota, cap))
+        # What a replica can hold: `max`, and what its volume offers LMCache (the same cap the
+        # InferenceDeployment controller applies when it sets the quota each resync).
+        binding = StorageBinding(quota=storage.effective_max,
+                                 namespaces=tuple(namespaces[u] for u in allocation.volumes if u in namespaces))
+        cap = kv_volume(deployment, pool, binding, reserve).quota
+        members.append(_Member(allocation.uid, body, deployment, allocation.replicas, allocation.quota, cap,
+                               min(storage.request, cap)))
     return members
 
 
@@ -201,7 +221,7 @@ def _state(book: DemandBook, member: _Member, unit: int, capacity_units: int, se
         weight=storage.weight,
         min_units=min(math.ceil(storage.effective_min * member.replicas / unit), current),
         max_units=max(member.cap * member.replicas // unit, current),
-        request_units=min(storage.request, member.cap) * member.replicas // unit,
+        request_units=-(-member.request * member.replicas // unit),
         unit_tokens=unit / chunk * spec.kv_cache.chunk_size,
     )
 
@@ -237,15 +257,13 @@ async def _write_ledger(kube: KubeClient, name: str, members: list[_Member], quo
             return status
         allocations = [a.model_copy(update={"quota": quotas[expected[a.uid][2]]}) if a.uid in expected else a
                        for a in status.allocations]
-        total = sum(a.quota * a.replicas for a in allocations)
-        if total > pool.spec.capacity:  # never hand out more than the pool holds
-            refused = (f"the new quotas add up to {format_quantity(total)}, more than the capacity "
+        new = summarise(pool, status.model_copy(update={"allocations": allocations, "last_rebalance": record}))
+        if allocated(new) > pool.spec.capacity:  # never hand out more than the pool holds
+            refused = (f"the new quotas add up to {format_quantity(allocated(new))}, more than the capacity "
                        f"{format_quantity(pool.spec.capacity)}")
             return status
         refused = None
-        used = sum(a.quota * a.replicas for a in allocations)
-        return status.model_copy(update={"allocations": allocations, "last_rebalance": record, "allocated": used,
-                                         "available": max(pool.spec.capacity - used, 0)})
+        return new
 
     try:
         await update_pool_status(kube, name, change)
@@ -264,13 +282,17 @@ async def _write_record(kube: KubeClient, name: str, record: RebalanceRecord) ->
 async def _actuate(kube: KubeClient, http: aiohttp.ClientSession, config: OperatorConfig, decision: Decision,
                    by_name: Mapping[str, _Member], quotas: Mapping[str, int]) -> list[str]:
     """Live quotas, shrinks first (the loop's order); modes without a quota API roll on their next reconcile."""
-    failures = []
+    failures: list[str] = []
     for change in decision.changes:
         member = by_name[change.name]
-        if member.deployment.spec.kv_cache.mode != "LMCacheMP" or quotas[change.name] == member.quota:
+        quota = quotas[change.name]
+        if member.deployment.spec.kv_cache.mode != "LMCacheMP" or quota == member.quota:
+            continue
+        if quota > member.quota and failures:
+            failures.append(f"{change.name}: grow deferred until the shrinks apply")
             continue
         pods = await kube.list(PODS, member.key[0], label_selector=selector(member.deployment))
-        results = await apply_quotas(kube, http, pods.get("items", []), quotas[change.name],
+        results = await apply_quotas(kube, http, pods.get("items", []), min(quota, member.cap),
                                      config.render.lmcache_http_port)
         failures += [f"{r.pod}: {r.detail}" for r in results if not r.applied and r.detail != "not running yet"]
     return failures
@@ -326,7 +348,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         """A round every `spec.rebalance.interval` (read anew each time) until the pool goes."""
         memory = PoolMemory()
         while not stopped:
-            await stopped.wait(_interval(spec))
+            started = time.monotonic()
+            # Short waits, so a shortened spec.rebalance.interval applies within a slice.
+            while not stopped and time.monotonic() - started < _interval(spec):
+                await stopped.wait(min(INTERVAL_SLICE, _interval(spec) - (time.monotonic() - started)))
             if stopped:
                 break
             try:

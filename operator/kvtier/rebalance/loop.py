@@ -4,14 +4,16 @@
 missing estimate *freezes* a deployment: it keeps its quota, and the others share what is
 left), then applies the safety rules of ``spec.rebalance``, in this order:
 
-- ``Static``: every deployment goes to its request (nothing is estimated); outcome ``static``.
+- ``Static``: every deployment goes to its request (nothing is estimated); outcome ``static``
+  (or ``dry-run``, or ``cooldown``, as below).
 - nothing to divide (every deployment frozen): ``frozen``.
 - the proposal: ``MarginalGain`` runs the allocator on the curves (a deployment may grow by at
   most its confidence x the round's step, so thin data moves little; a grown quota is valued by
   what it earns while it fills, :func:`warmed_curve`, so moves that only pay back after the
   next rounds are not made); ``Proportional`` shares by weight x access rate. The proposal is
   then cut to ``maxStep`` of the pool (:func:`~kvtier.rebalance.allocator.limit_step`).
-- ``below-min-gain``: the full proposal's predicted relative gain is under ``minGain``
+- ``below-min-gain``: the full proposal's predicted relative gain is under ``minGain`` (not when
+  the deployments hold more than there is to divide: then the loop makes room, whatever it costs)
   (``Proportional``, which predicts no value, compares the moved share of the pool instead).
 - ``cooldown``: the pool moved less than ``cooldown`` ago.
 - ``dry-run``: reported, not applied.
@@ -164,12 +166,20 @@ def decide(
 ) -> Decision:
     """One round for a pool of ``capacity`` units; ``last_move`` is the time of its last applied move."""
     current = {name: state.current for name, state in deployments.items()}
+    cooling = last_move is not None and now - last_move < settings.cooldown_seconds
     if settings.policy == "Static":
-        target = {name: state.current if state.request_units is None else state.request_units
-                  for name, state in deployments.items()}
-        changes = actuation_order(current, target)
-        return Decision("static", target, target, changes, 0.0, 0.0, 0.0,
-                        reason="policy Static: every deployment at its request", moved_units=moved_units(current, target))
+        proposed = {name: state.current if state.request_units is None else state.request_units
+                    for name, state in deployments.items()}
+        changes = actuation_order(current, proposed)
+        moved = moved_units(current, proposed)
+        if changes and settings.dry_run:
+            return Decision("dry-run", current, proposed, changes, 0.0, 0.0, 0.0, moved_units=moved,
+                            reason="dry run: policy Static would bring every deployment back to its request")
+        if changes and cooling:
+            return Decision("cooldown", current, proposed, changes, 0.0, 0.0, 0.0, moved_units=moved,
+                            reason=f"policy Static, but the pool moved {now - last_move:g}s ago")  # type: ignore[operator]
+        return Decision("static", proposed, proposed, changes, 0.0, 0.0, 0.0,
+                        reason="policy Static: every deployment at its request", moved_units=moved)
     frozen = tuple(sorted(name for name, state in deployments.items() if state.frozen))
     active = {name: state for name, state in deployments.items() if not state.frozen}
     if not active:
@@ -188,7 +198,10 @@ def decide(
         full = proportional_split(shares, free, {name: (d.min_units, d.max_units) for name, d in demands.items()})
     else:
         full = allocate(demands, free, now_active)
-    proposal = full if sum(now_active.values()) > free else limit_step(now_active, full, step)
+    # Held above what there is to divide (the capacity shrank, or waiting deployments need room):
+    # the whole correction at once, whatever it costs.
+    deficit = sum(now_active.values()) > free
+    proposal = full if deficit else limit_step(now_active, full, step)
     before, after, best = predict(demands, now_active), predict(demands, proposal), predict(demands, full)
     proposed = {**current, **proposal}
     changes = actuation_order(current, proposed)
@@ -205,10 +218,12 @@ def decide(
         target = proposed if outcome == "moved" else current
         return Decision(outcome, target, proposed, changes, gain, before, after, frozen, reason + suffix, moved)
 
-    if not changes or gain < settings.min_gain:
+    if deficit:
+        judged = f"making room: the deployments hold more than the {free} units to divide"
+    if not changes or (gain < settings.min_gain and not deficit):
         return decision("below-min-gain", f"{judged}, below minGain {settings.min_gain:g}")
-    if last_move is not None and now - last_move < settings.cooldown_seconds:
-        wait = settings.cooldown_seconds - (now - last_move)
+    if cooling:
+        wait = settings.cooldown_seconds - (now - last_move)  # type: ignore[operator]
         return decision("cooldown", f"{judged}, but the pool moved {now - last_move:g}s ago (cooldown {wait:g}s left)")
     summary = f"{len(changes)} quota changes, {moved} units, {judged}"
     if settings.dry_run:
