@@ -28,7 +28,8 @@ EVERYTHING = {
     "dashboard": {"enabled": True, "namespace": "monitoring"},
     "metrics": {"source": "prometheus", "prometheusUrl": "http://prometheus.monitoring:9090", "scrapeInterval": 30},
     "peering": {"enabled": True, "priority": 10},
-    "engines": {"podMonitor": True, "simulated": True, "lmcacheImage": "lmcache/vllm-openai:v0.5.6"},
+    "engines": {"podMonitor": True, "simulated": True, "lmcacheImage": "lmcache/vllm-openai:v0.5.6",
+                "wipeImage": "registry.example/tools:wipe"},
     "image": {"repository": "registry.example/kvtier", "tag": "dev", "pullPolicy": "Always"},
     "imagePullSecrets": [{"name": "regcred"}],
     "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
@@ -132,6 +133,7 @@ def test_the_operator_arguments_are_kvtier_run_options(values):
         assert params["peering"] == "kvtier" and params["priority"] == 10
         assert params["simulated_engine_image"] == params["probe_image"] == "registry.example/kvtier:dev"
         assert params["pod_monitor"] is True and params["lmcache_image"] == "lmcache/vllm-openai:v0.5.6"
+        assert params["wipe_image"] == "registry.example/tools:wipe"
         assert params["prometheus_url"] == "http://prometheus.monitoring:9090"
         assert params["metrics_source"] == "prometheus" and params["scrape_interval"] == 30
     else:
@@ -208,8 +210,9 @@ def test_watching_namespaces_moves_namespaced_permissions_into_roles():
     # ... and nothing namespaced left in the ClusterRole.
     cluster_scoped = {"customresourcedefinitions", "nodes", "kvpools", "kvpools/status", "persistentvolumes",
                       "storageclasses", "namespaces"}
-    assert {resource for _, _, resource in cluster} == cluster_scoped
-    assert not {resource for _, _, resource in namespaced} & cluster_scoped
+    # ... but Events, which a KVPool's go to `default` whatever namespaces are watched.
+    assert {resource for _, _, resource in cluster} == cluster_scoped | {"events"}
+    assert not {resource for _, _, resource in namespaced} & (cluster_scoped | {"events"})
     container = operator_container(objects)
     assert [a for a in container["args"] if a.startswith("--namespace=")] == ["--namespace=ml-prod",
                                                                               "--namespace=ml-dev"]

@@ -25,7 +25,7 @@ SELECTOR = 'namespace="ns",pod=~"chat-[0-9]+"'  # what the loop must ask for dep
 GEOMETRY = Geometry(unit_bytes=2 * 4096, chunk_bytes=4096, chunk_tokens=3, front_chunks=0)
 DEPLOYMENT = {"apiVersion": "kvtier.io/v1alpha1", "kind": "InferenceDeployment",
               "metadata": {"name": "chat", "namespace": "ns", "uid": "u-1", "resourceVersion": "7", "generation": 2},
-              "spec": {"kvCache": {"mode": "LMCacheMP"}}}
+              "spec": {"kvCache": {"mode": "LMCacheMP", "storage": {"poolRef": "pool", "request": "4Gi"}}}}
 # What each replica's engines did over the window (Prometheus' increase()), and their gauges.
 SERVED = {
     "chat-0": {"prompt_tokens": 1000, "prefix_cache_hits": 200, "external_hits": 300, "lmcache_hit_l1": 100,

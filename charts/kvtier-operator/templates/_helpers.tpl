@@ -71,6 +71,11 @@ the embedded API server's request log of the whole e2e suite, both ways.
 - apiGroups: [""]
   resources: ["persistentvolumes"]
   verbs: ["get", "list", "patch", "delete"]
+# Events that explain admissions, moves and failures: a KVPool's (cluster-scoped) go to `default`,
+# whatever namespaces are watched.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
 # Whether a CSI class allows volume expansion (kvCache.storage.max grew).
 - apiGroups: ["storage.k8s.io"]
   resources: ["storageclasses"]
@@ -99,10 +104,6 @@ the embedded API server's request log of the whole e2e suite, both ways.
 - apiGroups: ["kvtier.io"]
   resources: ["inferencedeployments/status"]
   verbs: ["patch"]
-# Events that explain admissions, moves and failures.
-- apiGroups: [""]
-  resources: ["events"]
-  verbs: ["create"]
 # Replicas: read for status, watched for telemetry's scrape targets; the quota readiness gate is a
 # pod condition (pods/status).
 - apiGroups: [""]

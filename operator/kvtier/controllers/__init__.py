@@ -21,6 +21,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     inferencedeployments.register(registry, config)
     telemetry.register(registry, config)
     rebalancing.register(registry, config)
+    runtime.register_cleanup(registry)
     return registry
 
 

@@ -173,7 +173,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
     @kopf.on.cleanup(id="close-http", registry=registry)
     async def close_http(memo: kopf.Memo, **_: Any) -> None:
-        await memo.http.close()
+        if getattr(memo, "http", None) is not None:
+            await memo.http.close()
 
     async def reconcile(body: kopf.Body, memo: kopf.Memo, nodes: kopf.Index, **_: Any) -> None:
         kube: KubeClient = memo.kube

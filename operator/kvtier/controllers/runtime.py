@@ -138,7 +138,7 @@ def measured(kind: str, handler: H) -> H:
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
-    """Startup (settings, the API client), cleanup and login handlers."""
+    """Startup (settings, the API client) and login handlers; the client is closed by `register_cleanup`."""
 
     @kopf.on.startup(id="configure", registry=registry)
     async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -155,10 +155,6 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         memo.kube = await KubeClient(connection, user_agent="kvtier-operator").open()
         memo.config = config
 
-    @kopf.on.cleanup(id="close-client", registry=registry)
-    async def close(memo: kopf.Memo, **_: Any) -> None:
-        if getattr(memo, "kube", None) is not None:
-            await memo.kube.close()
 
     @kopf.on.login(id="login", registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -173,3 +169,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             certificate_path=configuration.cert_file,
             private_key_path=configuration.key_file,
         )
+
+
+def register_cleanup(registry: kopf.OperatorRegistry) -> None:
+    """Close the API client: registered last, as kopf runs cleanup handlers in registration order and the
+    other modules' cleanups (telemetry's loop, for one) may still use it."""
+
+    @kopf.on.cleanup(id="close-client", registry=registry)
+    async def close(memo: kopf.Memo, **_: Any) -> None:
+        if getattr(memo, "kube", None) is not None:
+            await memo.kube.close()

@@ -76,6 +76,11 @@ class _Deployment:
     def mode(self) -> str:
         return ((self.body.get("spec") or {}).get("kvCache") or {}).get("mode") or "LMCacheMP"
 
+    @property
+    def stored(self) -> bool:
+        """Whether it draws on a pool (only those need demand curves)."""
+        return bool(((self.body.get("spec") or {}).get("kvCache") or {}).get("storage"))
+
 
 class TelemetryLoop:
     """The loop's state and cycle; :meth:`observe` is fed InferenceDeployment events."""
@@ -172,7 +177,7 @@ class TelemetryLoop:
             quota = endpoints["quota"].data if "quota" in endpoints and endpoints["quota"].ok else None
             snapshot = replica_snapshot(pages.get("vllm"), pages.get("lmcache"), pages.get("probe"), quota)
             deployment.window.add(pod, vllm.at, snapshot)
-            if self.demand is not None:
+            if self.demand is not None and deployment.stored:
                 self.demand.observe(key, pod, vllm.at, snapshot)
         if self.demand is not None:
             for key, targets in by_deployment.items():
@@ -201,15 +206,15 @@ class TelemetryLoop:
                 probes[scrape.target.key, scrape.target.pod] = scrape
         if self.demand is not None:
             for (key, pod), scrape in probes.items():
+                if not self.deployments[key].stored:
+                    continue
                 quota = quotas.get(key, {}).get(pod)
                 self.demand.observe(key, pod, scrape.at, replica_snapshot(probe=scrape.page, quota=quota))
             for key, targets in by_deployment.items():
                 self.demand.forget(key, [t.pod for t in targets])
-        summaries = {}
-        for key, targets in by_deployment.items():
-            deployment = self.deployments.get(key)
-            if deployment is None:
-                continue
+
+        async def summary(key: DeploymentKey, targets: list[Target]) -> Summary | None:
+            deployment = self.deployments[key]
             namespace, name = key
             selector = f'namespace="{namespace}",pod=~"{name.replace(".", "[.]")}-[0-9]+"'
             answers = await prometheus.query_all(promql.deployment_queries(selector, window))
@@ -217,11 +222,14 @@ class TelemetryLoop:
                       if isinstance(answer, dict) and answer.get("status") == "error"]
             deployment.failures.extend(failed)
             if failed:
-                continue  # no summary from part of the series: status.kv keeps its last numbers, the condition says why
-            summaries[key] = promql.summary_from_results(
-                answers, window, required=deployment.window.required, expected=[t.pod for t in targets],
-                quotas=quotas.get(key))
-        return summaries
+                return None  # no summary from part of the series: status.kv keeps its last numbers, the condition says why
+            return promql.summary_from_results(answers, window, required=deployment.window.required,
+                                               expected=[t.pod for t in targets], quotas=quotas.get(key))
+
+        # Every deployment's queries at once (the scraper's semaphore bounds what is in flight).
+        keys = [key for key in by_deployment if key in self.deployments]
+        results = await asyncio.gather(*(summary(key, by_deployment[key]) for key in keys))
+        return {key: result for key, result in zip(keys, results) if result is not None}
 
     def _export(self, key: DeploymentKey, summary: Summary | None, condition: tuple[str, str, str]) -> None:
         m, labels = self.metrics, {"namespace": key[0], "deployment": key[1]}

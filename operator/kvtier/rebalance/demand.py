@@ -27,8 +27,10 @@ from kvtier.rebalance.estimator import (
 )
 from kvtier.telemetry.engines import Snapshot
 
-#: Snapshots kept per replica between two rounds (a round every interval reads them all).
+#: Snapshots kept per replica between two rounds (a round every interval reads them all), at most
+#: this many and this old.
 PENDING_LIMIT = 1024
+PENDING_SECONDS = 3600.0
 #: Storage hit counter readings kept per replica (for measured hit rates).
 HITS_LIMIT = 256
 
@@ -95,6 +97,8 @@ class DemandBook:
     def observe(self, key: DeploymentKey, pod: str, time: float, snapshot: Snapshot) -> None:
         replica = self._replicas.setdefault(key, {}).setdefault(pod, _Replica())
         replica.pending.append((time, snapshot))
+        while replica.pending[0][0] < time - PENDING_SECONDS:  # no round asked for a long while
+            replica.pending.popleft()
         if snapshot.lmcache_hit_l2 is not None:
             replica.hits.append((time, snapshot.lmcache_hit_l2))
 
