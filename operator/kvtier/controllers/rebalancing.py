@@ -41,7 +41,7 @@ from kvtier.controllers.kvpools import POOL, PoolGone, update_pool_status
 from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, parse
 from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, PODS, APIError, KubeClient
 from kvtier.rebalance.actuator import apply_quotas
-from kvtier.rebalance.demand import DemandBook, Geometry
+from kvtier.rebalance.demand import HALF_LIFE_INTERVALS, DemandBook, Geometry
 from kvtier.rebalance.loop import Decision, DeploymentState, LoopSettings, decide
 from kvtier.render import StorageBinding, selector
 from kvtier.render.lmcache import slot_bytes
@@ -53,8 +53,6 @@ log = logging.getLogger(__name__)
 
 #: A pool is divided in at most about this many units (the allocator's work grows with it).
 POOL_UNITS = 4096
-#: The estimator's half-life, in rebalance intervals: a phase change shows within an interval or two.
-HALF_LIFE_INTERVALS = 0.25
 #: Longest wait between two looks at `spec.rebalance.interval` (seconds).
 INTERVAL_SLICE = 10.0
 

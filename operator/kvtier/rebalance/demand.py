@@ -36,6 +36,10 @@ HITS_LIMIT = 256
 
 DeploymentKey = tuple[str, str]
 
+#: The estimators' half-life, in rebalance intervals: the last interval weighs 15/16 of the curve
+#: (its end most), so a phase change shows at the next round.
+HALF_LIFE_INTERVALS = 0.25
+
 
 def probe_reading_of(snapshot: Snapshot, time: float) -> ProbeReading | None:
     """The probe's part of a scraped page, or None when the replica serves no (complete) probe page."""

@@ -18,13 +18,18 @@ from typing import ClassVar
 from kvtier.probe.demand import DemandProbe
 from kvtier.probe.options import ProbeOptions
 from kvtier.rebalance.allocator import Demand, allocate, apportion, moved_units
-from kvtier.rebalance.estimator import CounterReading, DemandEstimator, probe_reading
+from prometheus_client import CollectorRegistry, generate_latest
+
+from kvtier.rebalance.demand import HALF_LIFE_INTERVALS, probe_reading_of
+from kvtier.rebalance.estimator import CounterReading, DemandEstimator
 from kvtier.rebalance.loop import Decision, DeploymentState, LoopSettings, decide
 from kvtier.sim.cache import IsolatedLRU
 from kvtier.sim.engine import RequestOutcome, Tier
 from kvtier.sim.hindsight import Hindsight, HindsightPool
 from kvtier.sim.replay import Replay, ReplayResult, TenantWorkload
 from kvtier.sim.scenario import Scenario
+from kvtier.telemetry.engines import replica_snapshot
+from kvtier.telemetry.exposition import parse_exposition
 
 #: LMCache's name for the salt of requests that carry none.
 DEFAULT_SALT = "_default"
@@ -183,9 +188,6 @@ class OracleDynamicPolicy(DynamicPolicy):
         return self.splits[index] if index < len(self.splits) else None
 
 
-#: The estimator's half-life, in rebalance intervals: the last interval weighs 15/16 of the
-#: curve (its end most), so a phase change shows at the next round.
-HALF_LIFE_INTERVALS = 0.25
 #: Scrapes a tenant's metrics may miss before its quota is frozen.
 STALE_SCRAPES = 3
 
@@ -197,8 +199,9 @@ class KvtierPolicy(DynamicPolicy):
     default settings) reads every lookup the tenant's LMCache server would log (each request's
     chunk hashes at its arrival; block ids stand in for the hex hashes, which changes no
     distance). Every ``scrapeSeconds`` a hook reads what a scrape would: each probe's histogram
-    and counters (:func:`~kvtier.rebalance.estimator.probe_reading`, the data of its ``/metrics``
-    page), the engines' LMCache counters and the quotas, into one
+    and counters (its ``/metrics`` page as text, parsed by telemetry's own parser and read by
+    :func:`~kvtier.rebalance.demand.probe_reading_of`, as the operator reads a pod's page), the
+    engines' LMCache counters and the quotas, into one
     :class:`~kvtier.rebalance.estimator.DemandEstimator` per tenant. Every epoch,
     :func:`~kvtier.rebalance.loop.decide` turns the estimates into a split with the scenario's
     ``rebalance`` settings (a pool that moved less than ``cooldown`` ago waits); the replay applies
@@ -228,11 +231,13 @@ class KvtierPolicy(DynamicPolicy):
 
     def attach(self, replay: Replay, scenario: Scenario) -> None:
         defaults = ProbeOptions(log_dir="")
-        probes = {}
+        probes, registries = {}, {}
         for tenant in scenario.tenants:
             probe = probes[tenant.name] = DemandProbe(defaults.max_blocks, window_seconds=defaults.window,
                                                       tick_seconds=defaults.tick,
                                                       buckets_per_octave=defaults.buckets_per_octave)
+            registries[tenant.name] = CollectorRegistry()
+            registries[tenant.name].register(probe)
             for engine in replay.replicas[tenant.name]:
                 engine.listeners.append(_lookup_log(probe))
 
@@ -240,7 +245,10 @@ class KvtierPolicy(DynamicPolicy):
             for name, probe in probes.items():
                 probe.advance(now)
                 estimator = self.estimators[name]
-                estimator.observe_probe(probe_reading(probe, now))
+                page = replica_snapshot(probe=parse_exposition(generate_latest(registries[name])))
+                reading = probe_reading_of(page, now)
+                if reading is not None:
+                    estimator.observe_probe(reading)
                 stats = [engine.stats for engine in replay.replicas[name]]
                 estimator.observe_counters(CounterReading(
                     now, replay.quota(name), sum(s.external_query_tokens for s in stats),
