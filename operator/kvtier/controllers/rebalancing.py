@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -93,17 +93,9 @@ class _Member:
         return self.deployment.metadata.namespace or "default", self.deployment.metadata.name or ""
 
 
-@dataclass
-class RoundReport:
-    decision: Decision
-    moves: list[QuotaMove] = field(default_factory=list)
-    applied: bool = False
-    failures: list[str] = field(default_factory=list)
-
-
 async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: OperatorConfig, book: DemandBook,
-                         metrics: OperatorMetrics, name: str, memory: PoolMemory, now: float) -> RoundReport | None:
-    """One round for KVPool `name`; None when there is nothing to divide."""
+                         metrics: OperatorMetrics, name: str, memory: PoolMemory, now: float) -> Decision | None:
+    """One round for KVPool `name`: its decision (whether applied or not), None when there is nothing to divide."""
     body = await kube.get_or_none(KVPOOLS, None, name)
     if body is None:
         return None
@@ -134,9 +126,8 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
         quotas = {key: _per_replica(decision.proposed[key], unit, by_name[key]) for key in by_name}
     moves = [QuotaMove(namespace=m.key[0], name=m.key[1], from_quota=m.quota, to_quota=quotas[key])
              for key, m in by_name.items() if quotas[key] != m.quota]
-    report = RoundReport(decision, moves)
     if not moves or decision.outcome not in ("moved", "static", "dry-run"):
-        return report
+        return decision
     moved_bytes = sum(max(0, move.to_quota - move.from_quota) * by_name[f"{move.namespace}/{move.name}"].replicas
                       for move in moves)
     record = RebalanceRecord(time=datetime.now(timezone.utc), moved_bytes=moved_bytes,
@@ -147,12 +138,11 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
         if last is None or not last.dry_run or last.moves != record.moves:  # once per proposal, not every round
             await _write_record(kube, name, record)
             await post_event(kube, body, "Normal", "RebalanceDryRun", _summary(record))
-        return report
+        return decision
     refused = await _write_ledger(kube, name, members, quotas, record)
     if refused:
         log.info("KVPool %s: no move this round: %s", name, refused)
-        return report
-    report.applied = True
+        return decision
     memory.last_move, memory.moved_at = now, now
     memory.hit_rate_before = book.storage_hit_rate([m.key for m in members], now, settings.interval_seconds)
     metrics.rebalance_moves.labels(pool=name).inc(len(moves))
@@ -160,19 +150,19 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
     metrics.rebalance_predicted_gain.labels(pool=name).set(record.predicted_gain)
     for key, member in by_name.items():
         metrics.rebalance_quota.labels(pool=name, namespace=member.key[0], deployment=member.key[1]).set(quotas[key])
-    report.failures = await _actuate(kube, http, config, decision, by_name, quotas)
-    if report.failures:
-        metrics.actuation_errors.labels(pool=name).inc(len(report.failures))
+    failures = await _actuate(kube, http, config, decision, by_name, quotas)
+    if failures:
+        metrics.actuation_errors.labels(pool=name).inc(len(failures))
         await post_event(kube, body, "Warning", "QuotaNotApplied",
                          "ledger updated, engines not all at their new quota yet (the next resync retries): "
-                         + "; ".join(report.failures))
+                         + "; ".join(failures))
     await post_event(kube, body, "Normal", "Rebalanced", _summary(record))
     for move in moves:
         member = by_name[f"{move.namespace}/{move.name}"]
         await post_event(kube, member.body, "Normal", "StorageQuotaChanged",
                          f"KVPool {name} moved this deployment's storage quota from {format_quantity(move.from_quota)} "
                          f"to {format_quantity(move.to_quota)} per replica: {record.reason}")
-    return report
+    return decision
 
 
 async def _members(kube: KubeClient, pool: KVPool, status: KVPoolStatus, reserve: float) -> list[_Member]:
@@ -353,8 +343,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             if stopped:
                 break
             try:
-                await rebalance_pool(memo.kube, memo.http, config, memo.demand, memo.metrics, name, memory,
-                                     time.time())
+                decision = await rebalance_pool(memo.kube, memo.http, config, memo.demand, memo.metrics, name,
+                                                memory, time.time())
+                if decision is not None:
+                    log.debug("KVPool %s: rebalance round %s: %s", name, decision.outcome, decision.reason)
             except (APIError, aiohttp.ClientError, TimeoutError, InvalidSpec) as error:
                 log.warning("KVPool %s: rebalance round skipped: %s", name, error)
             except Exception:  # noqa: BLE001 - a failed round must not end the pool's rebalancing
