@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -71,6 +71,8 @@ class PoolMemory:
     #: Storage hit tokens per second of the pool's deployments before the last move, and its time.
     hit_rate_before: float | None = None
     moved_at: float | None = None
+    #: Deployments with a `kvtier_rebalance_quota_bytes` series for this pool.
+    exported: set[tuple[str, str]] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,9 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
     metrics.rebalance_predicted_gain.labels(pool=name).set(record.predicted_gain)
     for key, member in by_name.items():
         metrics.rebalance_quota.labels(pool=name, namespace=member.key[0], deployment=member.key[1]).set(quotas[key])
+    for gone in memory.exported - {m.key for m in members}:  # left the pool: no frozen last value
+        metrics.rebalance_quota.remove(name, *gone)
+    memory.exported = {m.key for m in members}
     failures = await _actuate(kube, http, config, decision, by_name, quotas)
     if failures:
         metrics.actuation_errors.labels(pool=name).inc(len(failures))
