@@ -97,9 +97,13 @@ def format_quantity(value: int) -> str:
     return str(value)
 
 
+#: Bytes of one GiB (LMCache's `*_gb` sizes and its quota API's `limit_gb` are GiB).
+GIB = 2**30
+
+
 def gib(value: int) -> float:
     """Bytes as the plain GiB float that LMCache's size keys and flags expect."""
-    return value / 2**30
+    return value / GIB
 
 
 def parse_duration(value: Any) -> float:

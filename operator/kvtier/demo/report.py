@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtier.api.units import gib
 from kvtier.demo.observe import TIERS, EventView, Rebalance, Snapshot
 from kvtier.demo.view import MISSING, clock_text, ratio, size
 
-GIB = 1 << 30
 #: Rows of the quota-change table in the summary (all of them are in samples.json).
 MAX_ROWS = 40
 
@@ -209,14 +209,14 @@ def write_plot(history: History, path: str | os.PathLike[str]) -> None:
             axes.axvspan(start, max(end, start + 1), color=colours.get(name, "grey"), alpha=0.08, lw=0)
         for change in history.quota_changes():
             axes.axvline(change.time, color="grey", lw=0.6, ls=":")
-    stacked = [[(s.quota.get(name) or 0) * (s.replicas.get(name) or 1) / GIB for s in history.samples]
+    stacked = [[gib((s.quota.get(name) or 0) * (s.replicas.get(name) or 1)) for s in history.samples]
                for name in history.names]
     if times:
         quota_axes.stackplot(times, stacked, labels=history.names, step="post",
                              colors=[colours[name] for name in history.names], alpha=0.85)
     pool = history.last.pool if history.last else None
     if pool is not None and pool.capacity:
-        quota_axes.axhline(pool.capacity / GIB, color="black", lw=1, ls="--", label="pool capacity")
+        quota_axes.axhline(gib(pool.capacity), color="black", lw=1, ls="--", label="pool capacity")
     quota_axes.set_ylabel("quota x replicas (GiB), stacked")
     quota_axes.set_ylim(bottom=0)
     quota_axes.legend(loc="lower left", fontsize="small", ncols=4)

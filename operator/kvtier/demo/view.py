@@ -13,11 +13,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from kvtier.api.units import format_duration
+from kvtier.api.units import GIB, format_duration
 from kvtier.demo.observe import TIERS, DeploymentView, PoolView, Snapshot
 
 MISSING = "—"
-GIB = 1 << 30
 #: Events shown under the table.
 EVENT_LINES = 6
 

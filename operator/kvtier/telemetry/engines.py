@@ -25,11 +25,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtier.api.units import GIB
 from kvtier.probe.demand import STACK_DISTANCE_BYTES, STACK_DISTANCE_CHUNKS
 from kvtier.telemetry.exposition import Page, Sample
 
-#: Bytes of one ``limit_gb`` / ``current_usage_gb`` of the LMCache quota API (as ``kvtier.sim.server.GB``).
-QUOTA_GB = 1 << 30
 #: Page problems carried into a snapshot, per page (the rest are counted).
 PROBLEMS_PER_PAGE = 5
 
@@ -271,7 +270,7 @@ def quota_usage(quota: Any) -> tuple[float | None, float | None]:
         if entry.get("exists", True):
             limit += entry_limit
             limits = True
-    return (limit * QUOTA_GB if limits else None), used * QUOTA_GB
+    return (limit * GIB if limits else None), used * GIB
 
 
 def _is_size(value: Any) -> bool:
