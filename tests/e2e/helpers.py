@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from kvtier.kube import EVENTS, INFERENCEDEPLOYMENTS, KVPOOLS, Resource
+from kvtier.kube import EVENTS, INFERENCEDEPLOYMENTS, KVPOOLS, STORAGECLASSES, Resource
 from tests.conftest import EXAMPLES
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
@@ -53,9 +53,20 @@ def example(name: str) -> dict[str, Any]:
     return yaml.safe_load((EXAMPLES / name).read_text())
 
 
+SIM_CLASS = "sim-fast"
+
+
+def ensure_sim_storage_class(cluster) -> None:
+    """The StorageClass `csi_pool` names (the embedded cluster's pod simulator provisions for it)."""
+    if get(cluster, STORAGECLASSES, None, SIM_CLASS) is None:
+        cluster.run(cluster.kube.create(STORAGECLASSES, {
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": SIM_CLASS},
+            "provisioner": "csi.example.com", "reclaimPolicy": "Delete"}))
+
+
 def csi_pool(name: str, capacity: str) -> dict[str, Any]:
     return {"apiVersion": "kvtier.io/v1alpha1", "kind": "KVPool", "metadata": {"name": name},
-            "spec": {"capacity": capacity, "storage": {"csi": {"storageClassName": "sim-fast"}},
+            "spec": {"capacity": capacity, "storage": {"csi": {"storageClassName": SIM_CLASS}},
                      "rebalance": {"policy": "Static"}}}
 
 

@@ -18,7 +18,6 @@ from kvtier.kube import (
     PODS,
     SERVICES,
     STATEFULSETS,
-    STORAGECLASSES,
 )
 from kvtier.render import CONFIG_HASH_ANNOTATION, QUOTA_GATE
 from tests.conftest import EXAMPLES, wait_for
@@ -29,6 +28,7 @@ from tests.e2e.helpers import (
     create_pool,
     csi_pool,
     deployment,
+    ensure_sim_storage_class,
     events,
     get,
     items,
@@ -116,10 +116,7 @@ def test_kubectl_scale_claims_another_volume(cluster, examples):
 
 
 def test_deleting_the_deployment_removes_everything_and_frees_the_pool(cluster, namespace):
-    if get(cluster, STORAGECLASSES, None, "sim-fast") is None:
-        cluster.run(cluster.kube.create(STORAGECLASSES, {
-            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "sim-fast"},
-            "provisioner": "csi.example.com", "reclaimPolicy": "Delete"}))
+    ensure_sim_storage_class(cluster)
     pool = f"{namespace}-pool"
     create_pool(cluster, csi_pool(pool, "4Ti"))
     create_deployment(cluster, deployment(namespace, "small", pool, replicas=2))

@@ -7,7 +7,7 @@ import concurrent.futures
 
 import pytest
 
-from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, STATEFULSETS, STORAGECLASSES
+from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, STATEFULSETS
 from kvtier.api.units import parse_quantity
 from tests.conftest import wait_for
 from tests.e2e.helpers import (
@@ -16,6 +16,7 @@ from tests.e2e.helpers import (
     create_pool,
     csi_pool,
     deployment,
+    ensure_sim_storage_class,
     get,
     items,
     kubectl,
@@ -24,10 +25,7 @@ from tests.e2e.helpers import (
 
 @pytest.fixture(autouse=True)
 def storage_class(cluster):
-    if get(cluster, STORAGECLASSES, None, "sim-fast") is None:
-        cluster.run(cluster.kube.create(STORAGECLASSES, {
-            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "sim-fast"},
-            "provisioner": "csi.example.com", "reclaimPolicy": "Delete"}))
+    ensure_sim_storage_class(cluster)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 from kvtier.api.units import parse_quantity
 from kvtier.demo.manifests import DEPLOYMENTS, DemoManifests
 from kvtier.demo.workload import Workload
-from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, PODS, STORAGECLASSES
+from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, PODS
 from tests.conftest import wait_for
 from tests.e2e.helpers import (
     TI,
@@ -26,6 +26,7 @@ from tests.e2e.helpers import (
     create_pool,
     csi_pool,
     deployment,
+    ensure_sim_storage_class,
     events,
     get,
     items,
@@ -140,14 +141,11 @@ def test_an_operator_killed_mid_round_leaves_ledger_and_engines_consistent(clust
 @pytest.fixture
 def static_pool(cluster, namespace):
     """A 3Ti Static pool rebalanced every second, and two deployments asking 2Ti each (min 1Ti): the
-    second is admitted short, at 1Ti. Yields (pool name, the second deployment's name)."""
+    second is admitted short, at 1Ti. Yields the pool's name."""
     pool = f"{namespace}-pool"
     body = csi_pool(pool, "3Ti")
     body["spec"]["rebalance"] = {"policy": "Static", "interval": "1s", "cooldown": "1s"}
-    if get(cluster, STORAGECLASSES, None, "sim-fast") is None:
-        cluster.run(cluster.kube.create(STORAGECLASSES, {
-            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "sim-fast"},
-            "provisioner": "csi.example.com", "reclaimPolicy": "Delete"}))
+    ensure_sim_storage_class(cluster)
     create_pool(cluster, body)
     create_deployment(cluster, deployment(namespace, "first", pool, request="2Ti", minimum="1Ti"))
     wait_for(lambda: quotas(cluster, pool).get("first") == 2 * TI, message="first admitted at its request")
