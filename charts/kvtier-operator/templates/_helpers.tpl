@@ -96,11 +96,10 @@ the embedded API server's request log of the whole e2e suite, both ways.
 
 {{/* Namespaced resources: in the ClusterRole (all namespaces), or in a Role per watched namespace. */}}
 {{- define "kvtier.rules.namespaced" -}}
-# InferenceDeployments: watched by kopf (finalizer, progress annotations), status by the operator;
-# read by the pool's rebalance rounds.
+# InferenceDeployments: watched by kopf (finalizer, progress annotations), status by the operator.
 - apiGroups: ["kvtier.io"]
   resources: ["inferencedeployments"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["kvtier.io"]
   resources: ["inferencedeployments/status"]
   verbs: ["patch"]

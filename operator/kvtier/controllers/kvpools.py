@@ -101,13 +101,18 @@ def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None,
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
-    @kopf.index(*DEPLOYMENTS, id="deployment_pools", registry=registry)
-    def deployment_pools(body: kopf.Body, **_: Any) -> dict[str, str]:
-        """Every InferenceDeployment's uid -> the pool it names now."""
-        storage = ((body.get("spec") or {}).get("kvCache") or {}).get("storage") or {}
-        return {body.metadata.uid: storage.get("poolRef") or ""}
+    @kopf.index(*DEPLOYMENTS, id="pool_deployments", registry=registry)
+    def pool_deployments(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]] | None:
+        """Pool name -> the InferenceDeployments that name it now (their spec and identity, not status);
+        the pool's reconcile and its rebalance rounds read it as the `pool_deployments` kwarg."""
+        pool = (((body.get("spec") or {}).get("kvCache") or {}).get("storage") or {}).get("poolRef")
+        if not pool:
+            return None
+        metadata = {key: value for key, value in body.metadata.items() if key != "managedFields"}
+        return {pool: {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": metadata,
+                       "spec": dict(body.spec)}}
 
-    async def reconcile(body: kopf.Body, memo: kopf.Memo, deployment_pools: kopf.Index, **_: Any) -> None:
+    async def reconcile(body: kopf.Body, memo: kopf.Memo, pool_deployments: kopf.Index, **_: Any) -> None:
         generation = body.metadata.get("generation")
         try:
             pool = parse(KVPool, body)
@@ -126,8 +131,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         def refresh(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
             # Entries of deployments that no longer exist (deleted while the operator was down) or that
             # name another pool now (a changed poolRef) are released.
+            here = {deployment["metadata"].get("uid") for deployment in pool_deployments.get(pool.metadata.name, ())}
             for uid in {a.uid for a in status.allocations} | {w.uid for w in status.waiting}:
-                if pool.metadata.name not in deployment_pools.get(uid, ()):
+                if uid not in here:
                     status = release(pool, status, uid)
             status = reclaimed(pool, status, reclaim.freed).model_copy(update={"observed_generation": generation})
             conditions = pool_conditions(pool, status, generation, reclaim.problems)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -39,7 +39,7 @@ from kvtier.api.units import format_quantity
 from kvtier.controllers.events import post_event
 from kvtier.controllers.kvpools import POOL, PoolGone, update_pool_status
 from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, parse
-from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, PODS, APIError, KubeClient
+from kvtier.kube import KVPOOLS, PODS, APIError, KubeClient
 from kvtier.rebalance.actuator import apply_quotas
 from kvtier.rebalance.demand import HALF_LIFE_INTERVALS, DemandBook, Geometry
 from kvtier.rebalance.loop import Decision, DeploymentState, LoopSettings, decide
@@ -96,14 +96,16 @@ class _Member:
 
 
 async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: OperatorConfig, book: DemandBook,
-                         metrics: OperatorMetrics, name: str, memory: PoolMemory, now: float) -> Decision | None:
-    """One round for KVPool `name`: its decision (whether applied or not), None when there is nothing to divide."""
+                         metrics: OperatorMetrics, name: str, deployments: Iterable[Mapping[str, Any]],
+                         memory: PoolMemory, now: float) -> Decision | None:
+    """One round for KVPool `name`, whose `deployments` (from the watch-fed index) name it: the round's
+    decision (whether applied or not), None when there is nothing to divide."""
     body = await kube.get_or_none(KVPOOLS, None, name)
     if body is None:
         return None
     pool = parse(KVPool, body)
     status = pool.status or KVPoolStatus()
-    members = await _members(kube, pool, status, config.render.filesystem_reserve)
+    members = _members(pool, status, deployments, config.render.filesystem_reserve)
     if not members:
         return None
     unit = pool_unit(pool.spec.capacity)
@@ -170,14 +172,15 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
     return decision
 
 
-async def _members(kube: KubeClient, pool: KVPool, status: KVPoolStatus, reserve: float) -> list[_Member]:
+def _members(pool: KVPool, status: KVPoolStatus, deployments: Iterable[Mapping[str, Any]],
+             reserve: float) -> list[_Member]:
+    """The admitted deployments that take part in the round (not those being deleted or scaled to zero)."""
     members = []
     namespaces = {ns.uuid: ns for ns in pool.spec.storage.nvmeof.namespaces} if pool.spec.storage.nvmeof else {}
+    by_uid = {deployment["metadata"].get("uid"): deployment for deployment in deployments}
     for allocation in status.allocations:
-        if allocation.replicas < 1:
-            continue
-        body = await kube.get_or_none(INFERENCEDEPLOYMENTS, allocation.namespace, allocation.name)
-        if body is None or body["metadata"].get("uid") != allocation.uid or body["metadata"].get("deletionTimestamp"):
+        body = by_uid.get(allocation.uid)
+        if allocation.replicas < 1 or body is None or body["metadata"].get("deletionTimestamp"):
             continue
         try:
             deployment = parse(InferenceDeployment, body)
@@ -191,7 +194,7 @@ async def _members(kube: KubeClient, pool: KVPool, status: KVPoolStatus, reserve
         binding = StorageBinding(quota=storage.effective_max,
                                  namespaces=tuple(namespaces[u] for u in allocation.volumes if u in namespaces))
         cap = kv_volume(deployment, pool, binding, reserve).quota
-        members.append(_Member(allocation.uid, body, deployment, allocation.replicas, allocation.quota, cap,
+        members.append(_Member(allocation.uid, dict(body), deployment, allocation.replicas, allocation.quota, cap,
                                min(storage.request, cap)))
     return members
 
@@ -337,7 +340,8 @@ def _interval(spec: Mapping[str, Any]) -> float:
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.daemon(*POOL, id="rebalance", registry=registry, cancellation_timeout=10)
-    async def rebalance(name: str, spec: kopf.Spec, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    async def rebalance(name: str, spec: kopf.Spec, memo: kopf.Memo, stopped: kopf.DaemonStopped,
+                        pool_deployments: kopf.Index, **_: Any) -> None:
         """A round every `spec.rebalance.interval` (read anew each time) until the pool goes."""
         memory = PoolMemory()
         while not stopped:
@@ -349,7 +353,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                 break
             try:
                 decision = await rebalance_pool(memo.kube, memo.http, config, memo.demand, memo.metrics, name,
-                                                memory, time.time())
+                                                list(pool_deployments.get(name, ())), memory, time.time())
                 if decision is not None:
                     log.debug("KVPool %s: rebalance round %s: %s", name, decision.outcome, decision.reason)
             except (APIError, aiohttp.ClientError, TimeoutError, InvalidSpec) as error:
