@@ -10,10 +10,9 @@ import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "manifests" / "examples"
-#: The shared fixtures (traces, scenarios, references): beside the repository, or beside a parent
-#: directory of it (a git worktree such as wt/<branch>).
-SHARED = next((parent / "shared" for parent in REPO_ROOT.parents if (parent / "shared" / "traces").is_dir()),
-              REPO_ROOT.parent / "shared")
+#: The shared fixtures (traces, scenarios, references) beside the repository, where
+#: `kvtier.sim.pods.find_trace_dir` finds the traces too.
+SHARED = REPO_ROOT.parent / "shared"
 
 
 @pytest.fixture(scope="session")
