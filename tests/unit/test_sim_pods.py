@@ -204,8 +204,8 @@ def test_flags_and_command_lines():
 async def test_the_rendered_example_replica_runs_under_kvsim():
     from kvtier.api.documents import read_documents
     from kvtier.render.offline import render_documents
-    from kvtier.sim.pods import kvsim_engine
     from kvtier.sim.server import GB
+    from kvtier.testing.engines import stub_engine
 
     rendered = render_documents(read_documents([str(ROOT / "manifests" / "examples")]))
     template = next(o for o in rendered.objects if o["kind"] == "StatefulSet")["spec"]["template"]
@@ -214,6 +214,7 @@ async def test_the_rendered_example_replica_runs_under_kvsim():
     names = [c["name"] for c in replica["spec"]["containers"]]
     assert names == ["vllm", "lmcache", "kvtier-probe"]
     host = address()
+    kvsim_engine = KvsimEngines(fallback=stub_engine)  # no default load
     handles = [await kvsim_engine(replica, container, host) for container in replica["spec"]["containers"]]
     server = kvsim_engine.server(replica["metadata"]["uid"])
     try:

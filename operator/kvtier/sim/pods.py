@@ -1,6 +1,6 @@
 """kvsim engines for the embedded cluster's pods (an ``EngineFactory`` of :mod:`kvtier.testing.podsim`).
 
-:class:`KvsimEngines` (default instance :data:`kvsim_engine`) is called once per container of a
+:class:`KvsimEngines` (the embedded cluster's: :func:`embedded_engines`) is called once per container of a
 pod with ``(pod, container, address)`` and recognises the container by its command and args:
 
 - ``vllm serve MODEL ...``: vLLM's face on ``--port`` (default 8000); the model name is
@@ -18,7 +18,7 @@ All containers of one pod (keyed by its uid) share one :class:`~kvtier.sim.serve
 which lives until the pod's last container stops. A path a container names (the log directory)
 is mapped into a per-pod directory through the container's ``volumeMounts``, so two containers
 mounting one emptyDir at different paths see the same files. Any other container gets the
-``fallback`` factory (:data:`kvsim_engine`: the stub engine), or nothing.
+``fallback`` factory (the embedded cluster's: the stub engine), or nothing.
 
 Simulated load: environment variables of the vLLM container, the same names as the
 ``kvtier sim serve`` options (``KVSIM_`` + option name in upper case; see
@@ -307,10 +307,6 @@ def _host_path(directory: Path, container: Container, path: str) -> Path:
         _, volume, relative = best
         return directory / "volumes" / volume / relative
     return directory / "containers" / container.get("name", "container") / target.relative_to(target.anchor)
-
-
-#: A factory without default load: pods' directories under a temporary directory, the stub engine for other containers.
-kvsim_engine = KvsimEngines(fallback=stub_engine)
 
 
 def embedded_engines(root: str | os.PathLike[str] | None = None,
