@@ -11,6 +11,7 @@ import click
 
 from kvtier import __version__
 from kvtier.probe.options import ProbeOptions
+from kvtier.probe.options import command_options as probe_command_options
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -300,22 +301,7 @@ def sim_pod(vllm_command: str, lmcache_command: str | None, host: str) -> None:
 
 
 @main.command()
-@click.option("--log-dir", required=True, type=click.Path(file_okay=False),
-              help="Directory of the LMCache MP server's lookup-hash log.")
-@click.option("--host", default=ProbeOptions.host, show_default=True)
-@click.option("--port", type=int, default=ProbeOptions.port, show_default=True, help="Serves /metrics and /health.")
-@click.option("--chunk-bytes", type=click.IntRange(0), default=ProbeOptions.chunk_bytes, show_default=True,
-              help="KV bytes of one chunk: adds the curve in bytes (0: chunks only).")
-@click.option("--max-blocks", type=click.IntRange(1), default=ProbeOptions.max_blocks, show_default=True,
-              help="Chunks of LRU stack tracked: the curve is exact up to this capacity, memory bounded by it.")
-@click.option("--window", type=click.FloatRange(0), default=ProbeOptions.window, show_default=True,
-              help="Half-life of an access's weight in seconds (0: never decay).")
-@click.option("--tick", type=click.FloatRange(0, min_open=True), default=ProbeOptions.tick, show_default=True,
-              help="Seconds between decay steps.")
-@click.option("--buckets-per-octave", type=click.IntRange(1), default=ProbeOptions.buckets_per_octave,
-              show_default=True, help="Histogram buckets per doubling of the stack distance.")
-@click.option("--poll-interval", type=click.FloatRange(0, min_open=True), default=ProbeOptions.poll_interval,
-              show_default=True, help="Seconds between reads of the log directory.")
+@probe_command_options
 def probe(**options: Any) -> None:
     """Tail the LMCache lookup-hash log and serve the demand curve (LRU stack distances) on /metrics."""
     from kvtier.probe.service import start_probe

@@ -230,13 +230,20 @@ class KubeClient:
         return await self.request("PATCH", path, body, params=params, content_type=APPLY_PATCH)
 
     async def delete(
-        self, resource: Resource, namespace: str | None, name: str, *, propagation: str = "Background"
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        *,
+        propagation: str = "Background",
+        grace_period_seconds: int | None = None,
     ) -> dict[str, Any] | None:
         """Delete; a missing object is not an error (returns None)."""
+        options: dict[str, Any] = {"propagationPolicy": propagation}
+        if grace_period_seconds is not None:
+            options["gracePeriodSeconds"] = grace_period_seconds
         try:
-            return await self.request(
-                "DELETE", resource.path(namespace, name), {"propagationPolicy": propagation}
-            )
+            return await self.request("DELETE", resource.path(namespace, name), options)
         except APIError as error:
             if error.status == 404:
                 return None

@@ -15,11 +15,11 @@ from kvtier.sim.pods import (
     KvsimEngines,
     command_line,
     container_kind,
-    embedded_engines,
     find_trace_dir,
     flag,
 )
 from kvtier.sim.settings import TraceLoad
+from kvtier.testing.engines import embedded_engines
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LOG_DIR = "/var/run/kvtier/lookup-hashes"

@@ -10,6 +10,6 @@
 - ``server``: ``kvtier sim serve``, one engine in (scaled) real time behind vLLM's and LMCache MP's
   HTTP faces (metrics, quota API), writing ``lookuplog`` (LMCache's lookup-hash log); ``settings``:
   its sizes, speed and self-replayed trace (options, or ``KVSIM_*`` variables).
-- ``pods``: ``KvsimEngines`` for simulated pods (vllm, lmcache and probe containers); ``embedded_engines()`` is
-  the embedded cluster's default factory (with a default trace load).
+- ``pods``: ``KvsimEngines`` for simulated pods (vllm, lmcache and probe containers); the embedded
+  cluster's default factory (with a default trace load) is ``kvtier.testing.engines.embedded_engines``.
 """

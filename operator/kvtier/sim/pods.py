@@ -1,6 +1,6 @@
-"""kvsim engines for the embedded cluster's pods (an ``EngineFactory`` of :mod:`kvtier.testing.podsim`).
+"""kvsim engines for simulated pods (the embedded cluster's ``EngineFactory``: :func:`kvtier.testing.engines.embedded_engines`).
 
-:class:`KvsimEngines` (the embedded cluster's: :func:`embedded_engines`) is called once per container of a
+:class:`KvsimEngines` is called once per container of a
 pod with ``(pod, container, address)`` and recognises the container by its command and args:
 
 - ``vllm serve MODEL ...``: vLLM's face on ``--port`` (default 8000); the model name is
@@ -34,7 +34,7 @@ Traces by name: a relative ``KVSIM_TRACE`` (``mooncake/mooncake_synthetic_trace.
 looked up in the factory's ``trace_dir``, so a manifest never names a path of one machine.
 :func:`find_trace_dir` gives the usual one: ``$KVTIER_TRACES``, else ``shared/traces`` beside
 the repository (``../shared/traces`` from its root), else none. A vLLM container that sets no
-``KVSIM_TRACE`` replays the factory's ``default_load`` if it has one (an empty one: no load): :func:`embedded_engines`
+``KVSIM_TRACE`` replays the factory's ``default_load`` if it has one (an empty one: no load): ``embedded_engines``
 (the embedded cluster's factory) loops :data:`DEFAULT_TRACE` when the trace directory holds it,
 so pods of unmodified manifests (``manifests/examples``) carry live load; without traces they
 serve idle engines (and say so once in the log).
@@ -48,7 +48,7 @@ import os
 import shlex
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -60,12 +60,13 @@ from kvtier.sim.engine import EngineParams
 from kvtier.probe.service import start_probe
 from kvtier.sim.server import SimServer, open_lookup_log, start_sim
 from kvtier.sim.settings import SERVE_DEFAULTS, TraceLoad, settings_from_env
-from kvtier.testing.engines import EngineFactory, stub_engine
 
 log = logging.getLogger(__name__)
 
 Pod = dict[str, Any]
 Container = dict[str, Any]
+#: What serves a container no kvsim face recognises: ``(pod, container, address)`` -> a started engine.
+Fallback = Callable[[Pod, Container, str], Awaitable[Any]]
 
 #: The trace pods replay when their manifest names none (relative to the trace directory).
 DEFAULT_TRACE = "mooncake/mooncake_synthetic_trace.jsonl"
@@ -152,7 +153,7 @@ class KvsimEngines:
     def __init__(
         self,
         root: str | os.PathLike[str] | None = None,
-        fallback: EngineFactory | None = None,
+        fallback: Fallback | None = None,
         *,
         trace_dir: str | os.PathLike[str] | None = None,
         default_load: TraceLoad | None = None,
@@ -222,9 +223,7 @@ class KvsimEngines:
             metrics_port = flag(words, "--prometheus-port")
             return [await start_sim(sim.server, address, lmcache_http_port=int(flag(words, "--http-port") or 8080),
                                     lmcache_prometheus_port=int(metrics_port) if metrics_port else None)]
-        from kvtier.cli import probe as probe_command
-
-        options = ProbeOptions(**probe_command.make_context("probe", list(words)).params)
+        options = ProbeOptions.from_argv(words)
         options = replace(options, log_dir=str(self._path(sim, container, options.log_dir)))
         return [await start_probe(options.build(), address, options.port)]
 
@@ -307,16 +306,3 @@ def _host_path(directory: Path, container: Container, path: str) -> Path:
         _, volume, relative = best
         return directory / "volumes" / volume / relative
     return directory / "containers" / container.get("name", "container") / target.relative_to(target.anchor)
-
-
-def embedded_engines(root: str | os.PathLike[str] | None = None,
-                     trace_dir: str | os.PathLike[str] | None = None) -> KvsimEngines:
-    """The embedded cluster's factory: kvsim for vllm/lmcache/probe containers, the stub for others,
-    and :data:`DEFAULT_TRACE` (looped) as the load of pods that name no trace, when it can be found."""
-    directory = Path(trace_dir) if trace_dir is not None else find_trace_dir()
-    default_load = None
-    if directory is not None and (directory / DEFAULT_TRACE).is_file():
-        default_load = TraceLoad(DEFAULT_TRACE, loop=True)
-    else:
-        log.warning("no trace %s (set %s): simulated pods without KVSIM_TRACE stay idle", DEFAULT_TRACE, TRACES_ENV)
-    return KvsimEngines(root, fallback=stub_engine, trace_dir=directory, default_load=default_load)

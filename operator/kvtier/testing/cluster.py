@@ -24,8 +24,7 @@ from kvtier.api.crd import build_crds
 from kvtier.controllers import OperatorConfig, run_operator
 from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, NAMESPACES, Connection, KubeClient
 from kvtier.testing.apiserver import APIServer
-from kvtier.sim.pods import embedded_engines
-from kvtier.testing.engines import EngineFactory
+from kvtier.testing.engines import EngineFactory, embedded_engines
 from kvtier.testing.podsim import NodeSpec, PodSimulator
 
 T = TypeVar("T")
@@ -93,7 +92,7 @@ class EmbeddedCluster:
             kubeconfig = Path(self._tempdir.name) / "kubeconfig"
         self.kubeconfig = Path(kubeconfig)
         #: What serves the pods' containers; by default kvsim engines with live trace load
-        #: (:func:`kvtier.sim.pods.embedded_engines`); pass :func:`~kvtier.testing.engines.stub_engine`
+        #: (:func:`kvtier.testing.engines.embedded_engines`); pass :func:`~kvtier.testing.engines.stub_engine`
         #: for endpoints that only answer health and quota calls.
         self.engine_factory = engine_factory if engine_factory is not None else embedded_engines()
         self.install_crds = install_crds

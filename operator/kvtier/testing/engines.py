@@ -8,10 +8,18 @@ the LMCache MP quota API (`/quota`, `/quota/{salt}` with `{"limit_gb": x}`), kep
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from kvtier.sim.pods import DEFAULT_TRACE, TRACES_ENV, KvsimEngines, find_trace_dir
+from kvtier.sim.settings import TraceLoad
+
+log = logging.getLogger(__name__)
 
 #: `(pod, container, address)` -> a started engine with `async stop()`.
 EngineFactory = Callable[[dict[str, Any], dict[str, Any], str], Awaitable["RunningEngine"]]
@@ -91,3 +99,16 @@ async def stub_engine(pod: dict[str, Any], container: dict[str, Any], address: s
     for port in ports:
         await web.TCPSite(runner, address, port, reuse_address=True).start()
     return RunningEngine(runner)
+
+
+def embedded_engines(root: str | os.PathLike[str] | None = None,
+                     trace_dir: str | os.PathLike[str] | None = None) -> KvsimEngines:
+    """The embedded cluster's factory (:class:`~kvtier.sim.pods.KvsimEngines`): kvsim for vllm/lmcache/probe containers, the stub for others,
+    and :data:`DEFAULT_TRACE` (looped) as the load of pods that name no trace, when it can be found."""
+    directory = Path(trace_dir) if trace_dir is not None else find_trace_dir()
+    default_load = None
+    if directory is not None and (directory / DEFAULT_TRACE).is_file():
+        default_load = TraceLoad(DEFAULT_TRACE, loop=True)
+    else:
+        log.warning("no trace %s (set %s): simulated pods without KVSIM_TRACE stay idle", DEFAULT_TRACE, TRACES_ENV)
+    return KvsimEngines(root, fallback=stub_engine, trace_dir=directory, default_load=default_load)
