@@ -20,21 +20,98 @@ def repo_root() -> pathlib.Path:
     return REPO_ROOT
 
 
-@pytest.fixture(scope="session")
-def cluster():
-    """The cluster end-to-end tests run against: the embedded one, or a real one named by KVTIER_E2E_KUBECONFIG.
+#: The grounds tests that take the `cluster` fixture run on (`--ground`), truest last.
+GROUNDS = ("embedded", "real")
 
-    Both have `.kubeconfig`, `.kube` (a kvtier.kube.KubeClient) and `.run(coroutine)`; only the
-    embedded one has `.server` (fault injection, request log), `.cluster` (to stop and restart the
-    in-process operator) and `embedded = True`. On a real cluster the operator is the installed one.
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--ground", choices=("embedded", "real", "all"), default=os.environ.get("KVTIER_GROUND"),
+        help="Where tests taking the `cluster` fixture (tests/e2e, the pod simulator's) run: the embedded API "
+             "emulator, the real control plane (hack/control-plane.sh builds it), or both. Default ($KVTIER_GROUND): "
+             "all when the control plane binaries are there, else embedded (with CI=true: all, failing without "
+             "them). KVTIER_E2E_KUBECONFIG overrides it: an external cluster with the operator installed.")
+
+
+def _real_ground_unavailable() -> str | None:
+    """Why the real control plane cannot run here (None: it can)."""
+    from kvtier.testing.controlplane import ControlPlaneUnavailable, find_binaries
+
+    try:
+        find_binaries()
+    except ControlPlaneUnavailable as error:
+        return str(error)
+    return None
+
+
+def grounds(config) -> list[str]:
+    if os.environ.get("KVTIER_E2E_KUBECONFIG"):
+        return ["external"]
+    chosen = config.getoption("--ground")
+    if chosen is None:
+        chosen = "all" if os.environ.get("CI") == "true" or _real_ground_unavailable() is None else "embedded"
+    return list(GROUNDS) if chosen == "all" else [chosen]
+
+
+def pytest_configure(config):
+    if "real" in grounds(config):
+        reason = _real_ground_unavailable()
+        if reason is not None:
+            raise pytest.UsageError(f"the real control plane ground cannot run: {reason}")
+
+
+def pytest_report_header(config):
+    chosen = grounds(config)
+    if "real" not in chosen and chosen != ["external"]:
+        return f"grounds: {', '.join(chosen)} (real control plane skipped: {_real_ground_unavailable() or '--ground'})"
+    return f"grounds: {', '.join(chosen)}"
+
+
+def pytest_generate_tests(metafunc):
+    if "cluster" in metafunc.fixturenames:
+        metafunc.parametrize("cluster", grounds(metafunc.config), indirect=True, scope="session")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """One ground after the other (each session-scoped cluster starts once), the RBAC audit last within each."""
+    def ground(item) -> int:
+        spec = getattr(item, "callspec", None)
+        value = spec.params.get("cluster") if spec else None
+        return GROUNDS.index(value) + 1 if value in GROUNDS else 0
+
+    items.sort(key=lambda item: (ground(item), item.path.name == "test_rbac_audit.py"))
+
+
+@pytest.fixture(scope="session")
+def cluster(request):
+    """The cluster tests run against, by ground: the embedded one (the in-process API emulator), the real
+    control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler; the operator with the chart's
+    ServiceAccount and RBAC), or an external one named by KVTIER_E2E_KUBECONFIG (the operator installed there).
+
+    All have `.kubeconfig`, `.kube` (a kvtier.kube.KubeClient), `.run(coroutine)` and `.embedded`; the
+    embedded and real grounds also have `.cluster` (to stop and restart the in-process operator; its
+    `.simulator` and `.engine_factory`); only the embedded one has `.server` (fault injection, request log).
     """
     from kvtier.controllers import OperatorConfig
     from kvtier.testing.cluster import BackgroundCluster, ExternalCluster
 
-    external = os.environ.get("KVTIER_E2E_KUBECONFIG")
+    ground = getattr(request, "param", "embedded")
     operator = OperatorConfig(resync_seconds=1.0, scrape_interval_seconds=1.0, scrape_timeout_seconds=0.5,
                               status_interval_seconds=1.0)
-    with ExternalCluster(external) if external else BackgroundCluster(operator=operator) as running:
+    if ground == "external":
+        running = ExternalCluster(os.environ["KVTIER_E2E_KUBECONFIG"])
+    elif ground == "real":
+        from kvtier.testing.realcluster import ControlPlaneCluster, rbac_objects
+        from tests.chart import template
+
+        running = BackgroundCluster(ControlPlaneCluster(operator=operator, operator_rbac=rbac_objects(template())))
+    else:
+        running = BackgroundCluster(operator=operator)
+    started = time.monotonic()
+    with running:
+        if ground == "real":
+            print(f"\nreal control plane, CRDs, nodes and operator up in {time.monotonic() - started:.1f}s")
         yield running
 
 

@@ -118,18 +118,35 @@ def dev() -> None:
 @click.option("--cpu", default="128", show_default=True, help="Allocatable CPU per node.")
 @click.option("--operator/--no-operator", default=True, show_default=True, help="Run the kvtier operator too.")
 @click.option("--resync-seconds", type=click.FloatRange(min=0.5), default=2.0, show_default=True)
+@click.option("--control-plane", type=click.Choice(["embedded", "real"]), default="embedded", show_default=True,
+              help="embedded: the in-process API emulator (Python only). real: etcd, kube-apiserver, "
+                   "kube-controller-manager and kube-scheduler built by hack/control-plane.sh (needs Go once); "
+                   "the pod simulator acts as the kubelets.")
 def dev_up(kubeconfig: Path, port: int, nodes: int, gpus_per_node: int, memory: str, cpu: str, operator: bool,
-           resync_seconds: float) -> None:
-    """Start the embedded cluster (API server, kvtier CRDs, pod simulator, operator) until Ctrl-C."""
+           resync_seconds: float, control_plane: str) -> None:
+    """Start a local cluster (API server, kvtier CRDs, simulated nodes and pods, operator) until Ctrl-C."""
     import asyncio
 
     from kvtier.controllers import OperatorConfig
-    from kvtier.testing.cluster import default_nodes, serve_until_signalled
+    from kvtier.testing.cluster import EmbeddedCluster, default_nodes, serve_until_signalled
 
     declared = default_nodes(nodes, gpus=gpus_per_node, memory=memory, cpu=cpu)
     config = OperatorConfig(resync_seconds=resync_seconds, scrape_interval_seconds=2.0,
                             status_interval_seconds=2.0) if operator else None
-    asyncio.run(serve_until_signalled(declared, kubeconfig=kubeconfig, port=port, echo=click.echo, operator=config))
+    if control_plane == "real":
+        from kvtier.testing.controlplane import ControlPlaneUnavailable
+        from kvtier.testing.realcluster import ControlPlaneCluster
+
+        if port:
+            raise click.BadParameter("the real control plane picks free ports", param_hint="--port")
+        try:
+            cluster = ControlPlaneCluster(declared, kubeconfig=kubeconfig, operator=config)
+        except ControlPlaneUnavailable as error:
+            raise click.ClickException(str(error)) from error
+        asyncio.run(serve_until_signalled(cluster, echo=click.echo, kind="real control plane"))
+        return
+    cluster = EmbeddedCluster(declared, kubeconfig=kubeconfig, port=port, operator=config)
+    asyncio.run(serve_until_signalled(cluster, echo=click.echo))
 
 
 @main.command()

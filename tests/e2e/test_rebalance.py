@@ -41,8 +41,8 @@ WORKLOAD = Workload()  # each deployment busy for 200 simulated seconds in turn:
 @pytest.fixture
 def shifting_load(cluster, namespace, tmp_path):
     """The demo's pool (renamed per test) and three deployments, Ready; yields (pool, time the load started)."""
-    if not cluster.embedded:
-        pytest.skip("the simulated load is a trace file on the machine running the embedded cluster")
+    if not cluster.in_process:
+        pytest.skip("the simulated load is a trace file on the machine running the simulated pods")
     pool = f"{namespace}-pool"
     trace = tmp_path / "load.jsonl"
     WORKLOAD.write(trace)

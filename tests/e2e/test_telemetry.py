@@ -41,8 +41,8 @@ ENGINE_ENV = {
 
 @pytest.fixture(scope="module")
 def interval(cluster):
-    if not cluster.embedded:
-        pytest.skip("drives kvsim engines and injects faults into the embedded cluster's pods")
+    if not cluster.in_process:
+        pytest.skip("drives kvsim engines and injects faults into the simulated pods")
     return cluster.cluster.operator.scrape_interval_seconds
 
 

@@ -155,7 +155,7 @@ def volume_name(pool):
 
 
 def test_a_deleted_deployments_namespace_is_wiped_before_it_is_free(cluster, namespace, pool):
-    if not cluster.embedded:
+    if not cluster.in_process:
         pytest.skip("fails the first wipe through the pod simulator")
     simulator = cluster.cluster.simulator
     simulator.exit_code = lambda pod: 1 if pod["metadata"]["namespace"] == OPERATOR_NAMESPACE else 0

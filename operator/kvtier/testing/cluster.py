@@ -25,6 +25,7 @@ from kvtier.controllers import OperatorConfig, run_operator
 from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, NAMESPACES, Connection, KubeClient
 from kvtier.testing.apiserver import APIServer
 from kvtier.testing.engines import EngineFactory, embedded_engines
+from kvtier.testing import podsim
 from kvtier.testing.podsim import NodeSpec, PodSimulator
 
 T = TypeVar("T")
@@ -70,22 +71,28 @@ class OperatorThread:
         self._thread.join(timeout)
 
 
-class EmbeddedCluster:
-    """API emulator + CRDs + pod simulator on the running event loop (pods run kvsim engines by default)."""
+class SimulatedCluster:
+    """An API server + kvtier's CRDs + the pod simulator's parts it lacks + (optionally) the operator, on the
+    running event loop (pods run kvsim engines by default). Subclasses start and stop the API server."""
+
+    #: The pod simulator's parts this ground needs (see :mod:`kvtier.testing.podsim`).
+    components: frozenset[str] = podsim.EMBEDDED
+    server: APIServer | None = None
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
 
     def __init__(
         self,
         nodes: list[NodeSpec] | None = None,
         *,
         kubeconfig: str | Path | None = None,
-        port: int = 0,
         engine_factory: EngineFactory | None = None,
         install_crds: bool = True,
-        validate_builtins: bool = True,
         operator: OperatorConfig | None = None,
     ):
         self.nodes = default_nodes() if nodes is None else nodes
-        self.server = APIServer(port=port, validate_builtins=validate_builtins)
         self._tempdir: tempfile.TemporaryDirectory[str] | None = None
         if kubeconfig is None:
             self._tempdir = tempfile.TemporaryDirectory(prefix="kvtier-cluster-")
@@ -103,20 +110,37 @@ class EmbeddedCluster:
         self.operator = replace(operator, kubeconfig=self.kubeconfig) if operator else None
         self._operator_thread: OperatorThread | None = None
 
-    async def start(self) -> EmbeddedCluster:
-        await self.server.start()
-        self.server.write_kubeconfig(self.kubeconfig)
+    async def _start_api(self) -> None:
+        """Start the API server and write :attr:`kubeconfig` (admin credentials)."""
+        raise NotImplementedError
+
+    async def _stop_api(self) -> None:
+        raise NotImplementedError
+
+    async def _install_crds(self) -> None:
+        assert self.kube is not None
+        for crd in build_crds().values():
+            await self.kube.create(CUSTOMRESOURCEDEFINITIONS, crd)
+
+    async def _prepare_operator(self) -> None:
+        """Before the operator starts: its namespace (subclasses add credentials)."""
+        assert self.kube is not None and self.operator is not None
+        if await self.kube.get_or_none(NAMESPACES, None, self.operator.namespace) is None:
+            await self.kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
+                                                "metadata": {"name": self.operator.namespace}})
+
+    async def start(self) -> SimulatedCluster:
+        await self._start_api()
         connection = Connection.from_kubeconfig(str(self.kubeconfig))
         self.kube = await KubeClient(connection, user_agent="kvtier-podsim").open()
         if self.install_crds:
-            for crd in build_crds().values():
-                await self.kube.create(CUSTOMRESOURCEDEFINITIONS, crd)
-        self.simulator = PodSimulator(self.kube, self.nodes, engine_factory=self.engine_factory)
+            await self._install_crds()
+        self.simulator = PodSimulator(self.kube, self.nodes, engine_factory=self.engine_factory,
+                                      components=self.components)
         await self.simulator.register_nodes()
         self._simulator_task = asyncio.create_task(self.simulator.run(), name="kvtier-podsim")
         if self.operator is not None:
-            await self.kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                                                "metadata": {"name": self.operator.namespace}})
+            await self._prepare_operator()
             await self.start_operator()
         return self
 
@@ -133,25 +157,51 @@ class EmbeddedCluster:
             self._operator_thread = None
 
     async def stop(self) -> None:
-        await self.stop_operator()
-        if self._simulator_task is not None:
-            self._simulator_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._simulator_task
-            self._simulator_task = None
-        if self.kube is not None:
-            await self.kube.close()
-            self.kube = None
-        await self.server.stop()
-        if self._tempdir is not None:
-            self._tempdir.cleanup()
-            self._tempdir = None
+        try:
+            await self.stop_operator()
+            if self._simulator_task is not None:
+                self._simulator_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._simulator_task
+                self._simulator_task = None
+            if self.kube is not None:
+                await self.kube.close()
+                self.kube = None
+        finally:
+            await self._stop_api()
+            if self._tempdir is not None:
+                self._tempdir.cleanup()
+                self._tempdir = None
 
-    async def __aenter__(self) -> EmbeddedCluster:
-        return await self.start()
+    async def __aenter__(self) -> SimulatedCluster:
+        try:
+            return await self.start()
+        except BaseException:
+            await self.stop()
+            raise
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.stop()
+
+
+class EmbeddedCluster(SimulatedCluster):
+    """The API emulator (:mod:`kvtier.testing.apiserver`) with every part of the pod simulator."""
+
+    def __init__(self, nodes: list[NodeSpec] | None = None, *, port: int = 0, validate_builtins: bool = True,
+                 **kwargs: Any):
+        super().__init__(nodes, **kwargs)
+        self.server = APIServer(port=port, validate_builtins=validate_builtins)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    async def _start_api(self) -> None:
+        await self.server.start()
+        self.server.write_kubeconfig(self.kubeconfig)
+
+    async def _stop_api(self) -> None:
+        await self.server.stop()
 
 
 class _LoopThread:
@@ -174,30 +224,38 @@ class _LoopThread:
 
 
 class BackgroundCluster(_LoopThread):
-    """An :class:`EmbeddedCluster` on its own event-loop thread (sync tests, the CLI)."""
+    """A :class:`SimulatedCluster` (by default an :class:`EmbeddedCluster` made of ``kwargs``) on its own
+    event-loop thread (sync tests, the CLI)."""
 
-    embedded = True
-
-    def __init__(self, **kwargs: Any):
+    def __init__(self, cluster: SimulatedCluster | None = None, **kwargs: Any):
         super().__init__("kvtier-cluster")
-        self.cluster = EmbeddedCluster(**kwargs)
+        self.cluster = cluster if cluster is not None else EmbeddedCluster(**kwargs)
+
+    #: The operator and the simulated pods run in this process (:attr:`cluster` stops and restarts the operator;
+    #: its ``simulator`` and ``engine_factory`` reach the pods' engines).
+    in_process = True
+
+    @property
+    def embedded(self) -> bool:
+        """On the API emulator (its fault injector and request log are :attr:`server`'s)."""
+        return isinstance(self.cluster, EmbeddedCluster)
 
     @property
     def kubeconfig(self) -> Path:
         return self.cluster.kubeconfig
 
     @property
-    def server(self) -> APIServer:
-        return self.cluster.server
+    def server(self) -> APIServer | None:
+        return self.cluster.server if isinstance(self.cluster, EmbeddedCluster) else None
 
     @property
     def kube(self) -> KubeClient:
         assert self.cluster.kube is not None
         return self.cluster.kube
 
-    def start(self) -> BackgroundCluster:
+    def start(self, timeout: float = 240) -> BackgroundCluster:
         try:
-            self.run(self.cluster.start())
+            self.run(self.cluster.start(), timeout)
         except BaseException:
             self.stop()
             raise
@@ -205,7 +263,7 @@ class BackgroundCluster(_LoopThread):
 
     def stop(self) -> None:
         with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
-            self.run(self.cluster.stop(), timeout=30)
+            self.run(self.cluster.stop(), timeout=60)
         self._close_loop()
 
     def __enter__(self) -> BackgroundCluster:
@@ -219,6 +277,7 @@ class ExternalCluster(_LoopThread):
     """A real cluster (kind, a test cluster) behind a kubeconfig, with the same face as :class:`BackgroundCluster`."""
 
     embedded = False
+    in_process = False
     server = None
 
     def __init__(self, kubeconfig: str | Path):
@@ -239,18 +298,17 @@ class ExternalCluster(_LoopThread):
         self.stop()
 
 
-async def serve_until_signalled(
-    nodes: list[NodeSpec], *, kubeconfig: Path, port: int = 0, echo: Callable[[str], None] = print,
-    operator: OperatorConfig | None = None,
-) -> None:
-    """`kvtier dev up`: run an embedded cluster (and the operator) until SIGINT or SIGTERM, saying how to use it."""
+async def serve_until_signalled(cluster: SimulatedCluster, *, echo: Callable[[str], None] = print,
+                                kind: str = "embedded cluster") -> None:
+    """`kvtier dev up`: run a cluster (and the operator) until SIGINT or SIGTERM, saying how to use it."""
     stop = asyncio.Event()
-    async with EmbeddedCluster(nodes, kubeconfig=kubeconfig, port=port, operator=operator) as cluster:
+    nodes, operator, kubeconfig = cluster.nodes, cluster.operator, cluster.kubeconfig
+    async with cluster:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):  # after the operator's own handlers: ours stop everything
             loop.add_signal_handler(signum, stop.set)
         gpus = sum(node.gpus for node in nodes)
-        echo(f"kvtier embedded cluster: API server {cluster.server.url}, {len(nodes)} simulated nodes ({gpus} GPUs)")
+        echo(f"kvtier {kind}: API server {cluster.url}, {len(nodes)} simulated nodes ({gpus} GPUs)")
         echo(f"  operator: {'running' if operator else 'not started'}")
         echo(f"  kubeconfig: {kubeconfig}")
         echo(f"  try:  kubectl --kubeconfig {kubeconfig} apply -f manifests/examples/")
