@@ -6,6 +6,7 @@
 #   ${KVTIER_CACHE:-$HOME/.cache/kvtier}/control-plane/<versions>-<hash of the pins>/bin
 # and are reused while present. The last line printed is that bin directory.
 #
+# --bin-dir: only print that directory (nothing is built).
 # Knobs: KVTIER_CACHE (cache root), KVTIER_BUILD_JOBS (go build -p, default:
 # number of CPUs, at most 2), GOTOOLCHAIN (set it if a pin ever needs a newer Go
 # than the machine's; every build then uses it). Exit 3 means "no Go toolchain".
@@ -21,6 +22,11 @@ pin_hash="$(cat "$pins"/kubernetes/go.mod "$pins"/kubernetes/go.sum "$pins"/etcd
 cache="${KVTIER_CACHE:-$HOME/.cache/kvtier}/control-plane/kubernetes-${KUBERNETES_VERSION}-etcd-${ETCD_VERSION}-${pin_hash}"
 bin="$cache/bin"
 binaries=(kube-apiserver kube-controller-manager kube-scheduler etcd)
+case "${1:-}" in
+  --bin-dir) echo "$bin"; exit 0 ;;
+  "") ;;
+  *) echo "usage: $0 [--bin-dir]" >&2; exit 2 ;;
+esac
 
 present=1
 for b in "${binaries[@]}"; do [[ -x "$bin/$b" ]] || present=0; done

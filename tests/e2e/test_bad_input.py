@@ -24,16 +24,21 @@ from tests.unit.test_api_invalid import _DELETE, CASES, INFD, VALID, with_
 KUBECTL = Path(sys.executable).parent / "kubectl"
 NAMESPACE = "bad-input"
 
-#: Documents with several errors: the API server names each; `kvtier validate` must too.
+#: Documents with several errors: the API server names each; `kvtier validate` must too. (An unknown field
+#: is refused alone: strict field validation answers 400 before the schema is checked.)
 MULTI = [
     ("kvcache-omitted-with-other-errors",
-     with_(INFD, spec__kvCache=_DELETE, spec__engine__tensorParallelSize=0, spec__engine__gpuMemoryUtilization=1.5,
-           spec__engine__gpus=8),
-     ["spec.engine.tensorParallelSize", "spec.engine.gpuMemoryUtilization", "spec.engine.gpus"]),
+     with_(INFD, spec__kvCache=_DELETE, spec__engine__tensorParallelSize=0, spec__engine__gpuMemoryUtilization=1.5),
+     ["spec.engine.tensorParallelSize", "spec.engine.gpuMemoryUtilization"]),
+    ("unknown-field-among-other-errors",
+     with_(INFD, spec__engine__gpus=8, spec__engine__tensorParallelSize=0), ["spec.engine.gpus"]),
 ]
 
 #: Cases where the two disagree today, with why. strict: each flips to a failure once fixed, to be removed here.
-KNOWN: dict[str, str] = {}
+KNOWN: dict[str, str] = {
+    "kvcache-omitted-with-other-errors": "kvtier validate reports only `cpu: cpu is required` (path not qualified) and "
+                                         "masks the document's other errors; being fixed on the admission branch",
+}
 
 _PATH = re.compile(r"(?:^|[\[\s,*])((?:metadata|spec)(?:\.[A-Za-z0-9_-]+|\[[A-Za-z0-9_.-]+\])*): ")
 _UNKNOWN = re.compile(r'unknown field "([^"]+)"')

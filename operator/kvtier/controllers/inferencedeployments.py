@@ -39,6 +39,7 @@ from kvtier.kube import (
     PODS,
     SERVICES,
     STATEFULSETS,
+    APIError,
     KubeClient,
     Resource,
 )
@@ -188,6 +189,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             step.stop("InvalidSpec", str(error))
             with api_errors():
                 await step.write(kube)
+            raise
+        except kopf.TemporaryError as error:
+            if isinstance(error.__cause__, APIError) and error.__cause__.status == 403:
+                # RBAC: say so on the object (the retry goes on: a fixed role heals it without a restart).
+                step.stop("Forbidden", f"the operator is not allowed to: {error.__cause__}")
+                with api_errors():
+                    await step.write(kube)
             raise
         with api_errors():
             await step.write(kube)
