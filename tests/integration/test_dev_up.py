@@ -1,4 +1,5 @@
-"""`kvtier dev up`: a usable cluster (with the operator) for a real kubectl, stopped cleanly by Ctrl-C."""
+"""`kvtier dev up`: a usable cluster (with the operator) for a real kubectl, stopped cleanly by Ctrl-C; on the
+embedded API emulator (the default) and on the real control plane (`--control-plane real`)."""
 
 import json
 import signal
@@ -6,20 +7,25 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import EXAMPLES, wait_for
+import pytest
+
+from tests.conftest import EXAMPLES, grounds, wait_for
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
 
 
-def test_dev_up_serves_kubectl_runs_the_operator_and_stops_on_ctrl_c(tmp_path):
+@pytest.mark.parametrize("control_plane", ["embedded", "real"])
+def test_dev_up_serves_kubectl_runs_the_operator_and_stops_on_ctrl_c(tmp_path, control_plane, request):
+    if control_plane not in grounds(request.config):
+        pytest.skip(f"the {control_plane} ground is not selected (--ground)")
     kubeconfig = tmp_path / "kubeconfig"
     process = subprocess.Popen(
         [sys.executable, "-m", "kvtier", "dev", "up", "--kubeconfig", str(kubeconfig), "--nodes", "2",
-         "--resync-seconds", "1"],
+         "--resync-seconds", "1", "--control-plane", control_plane],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        wait_for(kubeconfig.exists, timeout=30, message="the kubeconfig")
+        wait_for(kubeconfig.exists, timeout=120, message="the kubeconfig")
         kubectl = [str(KUBECTL), "--kubeconfig", str(kubeconfig)]
         env = {"HOME": str(tmp_path), "KUBECACHEDIR": str(tmp_path / "cache")}
 
@@ -28,6 +34,8 @@ def test_dev_up_serves_kubectl_runs_the_operator_and_stops_on_ctrl_c(tmp_path):
             assert result.returncode == 0, result.stderr
             return result.stdout
 
+        wait_for(lambda: subprocess.run([*kubectl, "get", "kvp,infd"], capture_output=True, env=env).returncode == 0,
+                 timeout=60, message="kvtier's APIs served")
         run("apply", "-f", str(EXAMPLES))
         listed = run("get", "kvp,infd", "-A")
         assert "CAPACITY" in listed and "fx100-a" in listed and "90Ti" in listed
@@ -37,7 +45,7 @@ def test_dev_up_serves_kubectl_runs_the_operator_and_stops_on_ctrl_c(tmp_path):
         def ready():
             status = json.loads(run("get", "infd", "coder-480b", "-o", "json")).get("status", {})
             return status.get("readyReplicas") == 2 and status
-        status = wait_for(ready, timeout=60, interval=0.5, message="coder-480b's 2 replicas to be ready")
+        status = wait_for(ready, timeout=90, interval=0.5, message="coder-480b's 2 replicas to be ready")
         assert status["kv"]["storage"]["quota"] == "4Ti"
         assert "AllReplicasReady" in run("get", "infd", "coder-480b")
     finally:

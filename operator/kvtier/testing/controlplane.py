@@ -146,8 +146,6 @@ class ControlPlane:
         make_certificates(d)
         etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
         self.url = f"https://127.0.0.1:{api_port}"
-        self.kubeconfig = self._requested_kubeconfig or d / "admin.kubeconfig"
-        self.write_kubeconfig(self.kubeconfig, user="kvtier-admin", cert=d / "admin.crt", key=d / "admin.key")
         components_kubeconfig = d / "components.kubeconfig"
         self.write_kubeconfig(components_kubeconfig, user="kvtier-admin", cert=d / "admin.crt", key=d / "admin.key")
         self._spawn("etcd", [
@@ -183,6 +181,9 @@ class ControlPlane:
         # The controller manager works once the service-account controller made `default`'s account.
         self._wait_ready(self.url + "/api/v1/namespaces/default/serviceaccounts/default", timeout,
                          component="kube-controller-manager", authenticated=True)
+        # Written last: a kubeconfig that exists is one that works.
+        self.kubeconfig = self._requested_kubeconfig or d / "admin.kubeconfig"
+        self.write_kubeconfig(self.kubeconfig, user="kvtier-admin", cert=d / "admin.crt", key=d / "admin.key")
 
     def stop(self) -> None:
         """End every component (SIGTERM to its process group, SIGKILL after 10s) and remove the directory."""
