@@ -65,5 +65,5 @@ step "kubernetes $KUBERNETES_VERSION" "$pins/kubernetes" -o "$stage/" \
 rm -rf "$bin"
 mv "$stage" "$bin"
 trap - EXIT
-echo "control plane: cold build took $((SECONDS - total))s; binaries in $bin" >&2
+echo "control plane: build took $((SECONDS - total))s; binaries in $bin" >&2
 echo "$bin"

@@ -162,6 +162,7 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC", "--allow-privileged=true",
             f"--cert-dir={d / 'apiserver-certs'}", "--profiling=false", "--v=1",
+            "--endpoint-reconciler-type=none",  # the `kubernetes` Service may not point at 127.0.0.1
         ])
         self._wait_ready(self.url + "/readyz", timeout, component="kube-apiserver")
         self._spawn("kube-controller-manager", [
