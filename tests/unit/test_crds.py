@@ -148,7 +148,9 @@ def test_printer_columns_show_what_design_asks_for():
 
 def test_defaults_written_deliberately():
     spec = _schema("kvtier.io_inferencedeployments.yaml")["properties"]["spec"]["properties"]
-    assert spec["kvCache"]["default"] == {}
+    # No `{}` default for kvCache: a real API server refuses a default its own rules reject (the default
+    # mode needs cpu), and the whole CRD with it.
+    assert "default" not in spec["kvCache"]
     assert spec["kvCache"]["properties"]["mode"]["default"] == "LMCacheMP"
     assert "default" not in spec["kvCache"]["properties"]["storage"]["properties"]["max"]
     rebalance = _schema("kvtier.io_kvpools.yaml")["properties"]["spec"]["properties"]["rebalance"]

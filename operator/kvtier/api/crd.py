@@ -79,6 +79,9 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     properties["apiVersion"] = {"type": "string", "description": "kvtier.io/v1alpha1"}
     properties["kind"] = {"type": "string"}
     properties["metadata"] = {"type": "object"}
+    name_limit = getattr(model, "MAX_NAME_LENGTH", None)
+    if name_limit is not None:  # the one metadata field a CRD schema may restrict (with generateName)
+        properties["metadata"]["properties"] = {"name": {"type": "string", "maxLength": name_limit}}
     schema["required"] = ["spec"]
     return schema
 

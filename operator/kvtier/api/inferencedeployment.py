@@ -146,8 +146,9 @@ class EngineSpec(KubeModel):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of each GPU's memory vLLM may use for weights, activations and the HBM KV cache."""
     max_model_len: int | None = Field(default=None, ge=1)
-    args: list[str] = Field(default_factory=list, max_length=256)
-    """Extra `vllm serve` arguments, appended after the operator's own (which they must not repeat)."""
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=64)
+    """Extra `vllm serve` arguments, appended after the operator's own (which they must not repeat). Bounded
+    (64 of at most 4096 characters) so the CEL rules over them fit a real API server's cost budget."""
     env: list[EnvVar] = Field(default_factory=list, max_length=256)
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     """Engine CPU and memory; the operator adds the CPU tier, `/dev/shm` and `nvidia.com/gpu`."""
@@ -313,7 +314,7 @@ class InferenceDeploymentSpec(KubeModel):
     model: ModelSpec
     replicas: int = Field(default=1, ge=0, le=10000)
     engine: EngineSpec
-    kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec, json_schema_extra={"default": {}})
+    kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec)
     slo: SLOSpec | None = None
 
     model_config = ConfigDict(
@@ -442,22 +443,14 @@ class InferenceDeployment(KubeModel):
 
     KIND: ClassVar[str] = "InferenceDeployment"
     PLURAL: ClassVar[str] = "inferencedeployments"
+    #: `metadata.name` bound in the CRD schema (a CEL rule may not point into metadata on a real API server).
+    MAX_NAME_LENGTH: ClassVar[int] = MAX_NAME_LENGTH
 
     api_version: Literal["kvtier.io/v1alpha1"] = API_VERSION
     kind: Literal["InferenceDeployment"] = "InferenceDeployment"
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: InferenceDeploymentSpec
     status: InferenceDeploymentStatus | None = None
-
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            Rule(
-                f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
-                f"name must be at most {MAX_NAME_LENGTH} characters (StatefulSet pod labels add a suffix)",
-                field_path=".metadata.name",
-            ),
-        )
-    )
 
     @model_validator(mode="after")
     def _check(self) -> InferenceDeployment:

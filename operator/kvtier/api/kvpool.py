@@ -241,6 +241,11 @@ class QuotaMove(KubeModel):
     to_quota: Quantity
 
 
+#: Bound of the status lists: deployments (or moves) per pool. Bounded lists keep the CEL cost of their
+#: quantities within a real API server's budget (an unbounded list is estimated at ~3MB of items).
+STATUS_LIST_LIMIT = 1024
+
+
 class RebalanceRecord(KubeModel):
     time: Timestamp
     moved_bytes: Quantity
@@ -248,7 +253,7 @@ class RebalanceRecord(KubeModel):
     """Predicted relative improvement of the pool's objective."""
     reason: str
     dry_run: bool = False
-    moves: list[QuotaMove] = Field(default_factory=list)
+    moves: list[QuotaMove] = Field(default_factory=list, max_length=STATUS_LIST_LIMIT)
 
 
 class Allocation(KubeModel):
@@ -289,9 +294,9 @@ class KVPoolStatus(KubeModel):
     """Number of InferenceDeployments holding a share of the pool."""
     conditions: list[Condition] = Field(default_factory=list)
     last_rebalance: RebalanceRecord | None = None
-    allocations: list[Allocation] = Field(default_factory=list)
+    allocations: list[Allocation] = Field(default_factory=list, max_length=STATUS_LIST_LIMIT)
     """The ledger: every deployment's share. The sum of `quota` x `replicas` never exceeds `capacity`."""
-    waiting: list[WaitingDeployment] = Field(default_factory=list)
+    waiting: list[WaitingDeployment] = Field(default_factory=list, max_length=STATUS_LIST_LIMIT)
     """Deployments waiting for capacity, oldest first."""
     reclaiming: list[str] = Field(default_factory=list)
     """Static NVMe-oF namespaces (UUIDs) no deployment holds any more that are not free yet: being wiped,

@@ -143,6 +143,9 @@ Quantity = Annotated[
     WithJsonSchema(
         {
             "x-kubernetes-int-or-string": True,
+            # Bounds the CEL rule's estimated cost: a real API server refuses a CRD whose rules could exceed
+            # its budget, and these quantities sit in lists (pool namespaces, the ledger).
+            "maxLength": 64,
             **cel_rules(
                 Rule(
                     f"string(self).matches({cel_literal(QUANTITY_PATTERN)})",
