@@ -38,6 +38,9 @@ MULTI = [
 KNOWN: dict[str, str] = {
     "kvcache-omitted-with-other-errors": "kvtier validate reports only `cpu: cpu is required` (path not qualified) and "
                                          "masks the document's other errors; being fixed on the admission branch",
+    "duplicate-uuid": "the CRD's list-map key compares uuids case-sensitively, so the API server accepts two "
+                      "namespaces differing only in case; kvtier validate (rightly) normalises case first. A CEL "
+                      "rule on spec.storage.nvmeof.namespaces (lowerAscii uniqueness) would say it",
 }
 
 _PATH = re.compile(r"(?:^|[\[\s,*])((?:metadata|spec)(?:\.[A-Za-z0-9_-]+|\[[A-Za-z0-9_.-]+\])*): ")

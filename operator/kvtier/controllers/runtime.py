@@ -158,17 +158,23 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
     @kopf.on.login(id="login", registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        configuration = load_configuration(str(config.kubeconfig) if config.kubeconfig else None)
-        token = configuration.api_key.get("authorization", "")
-        return kopf.ConnectionInfo(
-            server=configuration.host,
-            ca_path=configuration.ssl_ca_cert,
-            insecure=not configuration.verify_ssl,
-            scheme="Bearer" if token else None,
-            token=token.removeprefix("Bearer ") or None,
-            certificate_path=configuration.cert_file,
-            private_key_path=configuration.key_file,
-        )
+        return connection_info(config.kubeconfig)
+
+
+def connection_info(kubeconfig: Path | None) -> kopf.ConnectionInfo:
+    """kopf's credentials, from the same kubeconfig (or in-cluster account) as the operator's own client."""
+    configuration = load_configuration(str(kubeconfig) if kubeconfig else None)
+    # A kubeconfig's token lands under "BearerToken" (the in-cluster account's under "authorization").
+    token = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken") or ""
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        scheme="Bearer" if token else None,
+        token=token.removeprefix("Bearer ") or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
 
 
 def register_cleanup(registry: kopf.OperatorRegistry) -> None:
