@@ -70,7 +70,7 @@ the embedded API server's request log of the whole e2e suite, both ways.
 # (spec.volumeReclaim: Wipe), deleted once reclaimed.
 - apiGroups: [""]
   resources: ["persistentvolumes"]
-  verbs: ["get", "list", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 # Events that explain admissions, moves and failures: a KVPool's (cluster-scoped) go to `default`,
 # whatever namespaces are watched.
 - apiGroups: [""]
@@ -111,16 +111,17 @@ the embedded API server's request log of the whole e2e suite, both ways.
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["update"]
-# Children: server-side applied, listed to prune what the spec no longer renders, deleted.
+# Children: server-side applied (an apply that creates is authorized as `create` too), listed to prune
+# what the spec no longer renders, deleted.
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["list", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: ["get", "list", "patch", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 # Per-replica volume claims (StatefulSet volumeClaimTemplates): expanded when kvCache.storage.max
 # grows (CSI), released with their deployment.
 - apiGroups: [""]
@@ -130,7 +131,7 @@ the embedded API server's request log of the whole e2e suite, both ways.
 # PodMonitors (engines.podMonitor): applied, listed to prune, deleted.
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
-  verbs: ["list", "patch", "delete"]
+  verbs: ["list", "create", "patch", "delete"]
 {{- end }}
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
 # kopf peering (per namespace).

@@ -101,7 +101,7 @@ async def wait_established(kube: Any, names: list[str], timeout: float = 60) -> 
             except APIError:
                 continue
             if any(c.get("type") == "Established" and c.get("status") == "True"
-                   for c in (crd.get("status") or {}).get("conditions", [])):
+                   for c in (crd.get("status") or {}).get("conditions") or []):
                 pending.remove(name)
         if pending and time.monotonic() > deadline:
             raise TimeoutError(f"CRDs not Established within {timeout}s: {pending}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import time
@@ -193,7 +194,12 @@ class APIHandler:
         if verb == "get":
             return self._get(request, route)
         if verb in ("create", "update", "patch"):
-            return await self._write(request, route, verb)
+            response = await self._write(request, route, verb)
+            if verb == "patch" and response.status == 201:
+                # A patch that creates (server-side apply of a new object) is authorized as `create` too,
+                # as kube-apiserver does: the audit sees both checks.
+                self.requests.append(dataclasses.replace(record, verb="create", status=201))
+            return response
         if verb in ("delete", "deletecollection"):
             return await self._delete(request, route, verb)
         raise errors.method_not_allowed()
