@@ -17,8 +17,15 @@ pins="$here/control-plane"
 pinned() { awk -v m="$1" '$1==m{print $2} $1=="require" && $2==m{print $3}' "$2" | head -1; }
 KUBERNETES_VERSION="$(pinned k8s.io/kubernetes "$pins/kubernetes/go.mod")"
 ETCD_VERSION="$(pinned go.etcd.io/etcd/server/v3 "$pins/etcd/go.mod")"
-pin_hash="$(cat "$pins"/kubernetes/go.mod "$pins"/kubernetes/go.sum "$pins"/etcd/go.mod "$pins"/etcd/go.sum "$pins"/etcd/main.go \
-  | sha256sum | cut -c1-12)"
+# The version the binaries report (/version, what helm's kubeVersion checks): `go build` alone says v0.0.0.
+minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
+version_ldflags=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  version_ldflags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  version_ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+pin_hash="$( (cat "$pins"/kubernetes/go.mod "$pins"/kubernetes/go.sum "$pins"/etcd/go.mod "$pins"/etcd/go.sum \
+  "$pins"/etcd/main.go; echo "$version_ldflags") | sha256sum | cut -c1-12)"
 cache="${KVTIER_CACHE:-$HOME/.cache/kvtier}/control-plane/kubernetes-${KUBERNETES_VERSION}-etcd-${ETCD_VERSION}-${pin_hash}"
 bin="$cache/bin"
 binaries=(kube-apiserver kube-controller-manager kube-scheduler etcd)
@@ -55,12 +62,12 @@ echo "control plane: building kubernetes $KUBERNETES_VERSION (kube-apiserver, ku
 step() {  # step NAME DIR ARGS...: go build in DIR, timed
   local name="$1" dir="$2"; shift 2
   local start=$SECONDS
-  (cd "$dir" && go build -p "$jobs" -ldflags="-s -w" "$@")
+  (cd "$dir" && go build -p "$jobs" -ldflags="-s -w" "$@")  # a later -ldflags in "$@" replaces this one
   echo "control plane: built $name in $((SECONDS - start))s" >&2
 }
 total=$SECONDS
 step "etcd $ETCD_VERSION" "$pins/etcd" -o "$stage/etcd" .
-step "kubernetes $KUBERNETES_VERSION" "$pins/kubernetes" -o "$stage/" \
+step "kubernetes $KUBERNETES_VERSION" "$pins/kubernetes" -ldflags="-s -w$version_ldflags" -o "$stage/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
 rm -rf "$bin"
 mv "$stage" "$bin"

@@ -167,7 +167,8 @@ def test_a_deleted_deployments_namespace_is_wiped_before_it_is_free(cluster, nam
         assert pool_status(cluster, pool)["reclaiming"] == [UUID.format(0)]
         create_deployment(cluster, deployment(namespace, "second", pool, request="1Ti"))
         degraded = wait_for(lambda: condition(get(cluster, KVPOOLS, None, pool), "Degraded").get("reason") == "WipeFailed"
-                            and condition(get(cluster, KVPOOLS, None, pool), "Degraded"), message="the failed wipe")
+                            and condition(get(cluster, KVPOOLS, None, pool), "Degraded"), timeout=90,
+                            message="the failed wipe (a real Job controller backs off 10s, 20s between retries)")
         assert volume_name(pool) in degraded["message"] and "delete the Job to retry" in degraded["message"]
         [job] = [j for j in items(cluster, JOBS, OPERATOR_NAMESPACE) if j["metadata"]["annotations"]["kvtier.io/volume"]
                  == volume_name(pool)]

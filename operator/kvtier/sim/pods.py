@@ -285,7 +285,8 @@ def _chunk_geometry(pod: Pod) -> EngineParams:
 
 
 def _env(container: Container) -> dict[str, str]:
-    return {item["name"]: str(item["value"]) for item in container.get("env") or [] if "value" in item}
+    """A container's literal variables; one without `value` is set to "" (a real API server drops `value: ""`)."""
+    return {item["name"]: str(item.get("value", "")) for item in container.get("env") or [] if "valueFrom" not in item}
 
 
 def _positional(words: Sequence[str]) -> str | None:

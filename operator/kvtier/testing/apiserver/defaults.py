@@ -1,4 +1,4 @@
-"""Defaults the real API server fills into built-in objects on every write.
+"""Defaults the real API server fills into built-in objects on every write (and the empty values it drops).
 
 Only the defaults operators and `kubectl` commonly observe are applied: pod specs (also inside
 workload templates), containers, services, workloads, volumes and claims.  Values follow
@@ -20,6 +20,10 @@ def _container(container: dict[str, Any]) -> None:
     for port in container.get("ports") or []:
         if isinstance(port, dict):
             port.setdefault("protocol", "TCP")
+    for variable in container.get("env") or []:
+        # `value` is `omitempty` in the Go type: a real API server stores `value: ""` as no value at all.
+        if isinstance(variable, dict) and variable.get("value") == "":
+            del variable["value"]
 
 
 def pod_spec(spec: dict[str, Any]) -> None:
