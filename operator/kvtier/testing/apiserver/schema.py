@@ -292,6 +292,11 @@ def _validate_map(schema: dict[str, Any], value: dict[str, Any], path: str, erro
     embedded = not path or schema.get("x-kubernetes-embedded-resource", False)
     for key, item in value.items():
         if embedded and key in _ROOT_FIELDS:
+            if key == "metadata" and isinstance(item, dict):  # a schema may restrict only these two
+                meta = (properties.get("metadata") or {}).get("properties") or {}
+                for field in ("name", "generateName"):
+                    if field in meta and field in item:
+                        validate_value(meta[field], item[field], _child(_child(path, "metadata"), field), errors)
             continue
         sub = properties.get(key)
         if sub is None and isinstance(additional, dict):
