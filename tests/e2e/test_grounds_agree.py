@@ -25,3 +25,29 @@ def test_a_scheduled_pod_is_deleted_gracefully_and_goes_once_its_kubelet_stops_i
              timeout=60, message="the pod Running")
     cluster.run(cluster.kube.delete(PODS, namespace, "graceful"))
     wait_for(lambda: get(cluster, PODS, namespace, "graceful") is None, timeout=30, message="the pod gone")
+
+
+def _crd(group: str, rule: dict) -> dict:
+    schema = {"type": "object", "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer"}},
+                                                        "x-kubernetes-validations": [rule]}}}
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"gadgets.{group}"},
+            "spec": {"group": group, "scope": "Namespaced",
+                     "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"},
+                     "versions": [{"name": "v1", "served": True, "storage": True,
+                                   "schema": {"openAPIV3Schema": schema}}]}}
+
+
+def test_a_crd_rule_whose_field_path_names_an_undeclared_field_is_refused(cluster):
+    from kvtier.kube import APIError, CUSTOMRESOURCEDEFINITIONS
+
+    refused = _crd("refused.example.com", {"rule": "self.size > 0", "fieldPath": ".metadata.name"})
+    try:
+        cluster.run(cluster.kube.request("POST", CUSTOMRESOURCEDEFINITIONS.path(), refused,
+                                         params={"dryRun": "All"}))
+    except APIError as error:
+        assert error.status == 422 and "fieldPath" in str(error), error
+    else:
+        raise AssertionError("the CRD was accepted")
+    accepted = _crd("accepted.example.com", {"rule": "self.size > 0", "fieldPath": ".size"})
+    cluster.run(cluster.kube.request("POST", CUSTOMRESOURCEDEFINITIONS.path(), accepted, params={"dryRun": "All"}))

@@ -79,10 +79,33 @@ def _schema_errors(node: Any, path: str, out: list[FieldError]) -> None:
             else:
                 for i, sub in enumerate(node[key]):
                     _schema_errors(sub, f"{path}.{key}[{i}]", out)
-    _rule_errors(node.get("x-kubernetes-validations", []), f"{path}.x-kubernetes-validations", out)
+    _rule_errors(node.get("x-kubernetes-validations", []), f"{path}.x-kubernetes-validations", out, node)
 
 
-def _rule_errors(rules: Any, path: str, out: list[FieldError]) -> None:
+_FIELD_PATH_STEP = re.compile(r"\.([A-Za-z_$][\w$-]*)|\[(\d+)\]|\['([^']*)'\]")
+
+
+def _field_path_resolves(schema: dict[str, Any], field_path: str) -> bool:
+    """A rule's fieldPath names a field its schema declares (`.a.b`, `[0]`, `['key']`), as kube-apiserver requires."""
+    node, position = schema, 0
+    while position < len(field_path):
+        step = _FIELD_PATH_STEP.match(field_path, position)
+        if step is None or not isinstance(node, dict):
+            return False
+        position = step.end()
+        if step.group(2) is not None:
+            node = node.get("items")
+        else:
+            name = step.group(1) or step.group(3)
+            properties = node.get("properties") or {}
+            additional = node.get("additionalProperties")
+            node = properties.get(name) if name in properties else (additional if isinstance(additional, dict) else None)
+        if node is None:
+            return False
+    return position > 0
+
+
+def _rule_errors(rules: Any, path: str, out: list[FieldError], schema: dict[str, Any]) -> None:
     if not isinstance(rules, list):
         out.append(FieldError(path, "Invalid value", "must be a list of rules", rules))
         return
@@ -94,6 +117,8 @@ def _rule_errors(rules: Any, path: str, out: list[FieldError]) -> None:
         for key in ("message", "fieldPath", "messageExpression", "reason"):
             if key in rule and not isinstance(rule[key], str):
                 out.append(FieldError(f"{where}.{key}", "Invalid value", "must be a string", rule[key]))
+        if isinstance(rule.get("fieldPath"), str) and not _field_path_resolves(schema, rule["fieldPath"]):
+            out.append(FieldError(f"{where}.fieldPath", "Invalid value", "must be a valid path", rule["fieldPath"]))
         try:
             from kvtier.testing.cel import compile_rule
         except ImportError:
