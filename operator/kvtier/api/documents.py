@@ -1,7 +1,19 @@
-"""Reading manifests: multi-document YAML into kvtier models, every problem as one line."""
+"""Reading manifests: multi-document YAML into kvtier models, every problem as one line.
+
+A document is judged as the API server judges it (`server_problems`): its name, then the generated
+CRD's OpenAPI schema and CEL rules, through the very code the embedded API server runs
+(`kvtier.api.schema`), so `kvtier validate` reports the server's errors with the server's field
+paths. Unknown fields are reported too (`kubectl apply` refuses them: strict field validation).
+Only an object the server would accept is then parsed into its model, which adds what CEL cannot say.
+YAML is read with Kubernetes' (go-yaml's) rules for plain scalars (`KubeYAMLLoader`), so numbers
+such as `1e-400` or `2^63` mean to `validate` what they mean to `kubectl`.
+"""
 
 from __future__ import annotations
 
+import functools
+import math
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -13,8 +25,97 @@ from pydantic import BaseModel, ValidationError
 
 from kvtier.api.common import API_VERSION, GROUP
 from kvtier.api.errors import Problem, problems
+from kvtier.api.schema import RULES_NOT_CHECKED, metadata_errors, process_custom
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool
+
+_GO_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
+_GO_INT = re.compile(r"^[-+]?(0b[01]+|0o?[0-7]+|0x[0-9a-fA-F]+|[0-9]+)$")
+_GO_BOOL = {**dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "on", "On", "ON", "true", "True", "TRUE"), True),
+            **dict.fromkeys(("n", "N", "no", "No", "NO", "off", "Off", "OFF", "false", "False", "FALSE"), False)}
+_INT64 = 2**63
+
+
+class KubeYAMLLoader(yaml.SafeLoader):
+    """PyYAML with the plain-scalar rules of the YAML reader kubectl uses (sigs.k8s.io/yaml, go-yaml v2),
+    and numbers as the API server's JSON decoder keeps them.
+
+    Differences from PyYAML's YAML 1.1 rules: `1e3` and `1e-400` are numbers (PyYAML reads them as
+    strings), `y`/`n` are booleans, `_` is ignored inside numbers. Then, as the JSON that kubectl
+    sends is decoded into int64 or float64: a whole float below 1e21 becomes an integer (`1e3` is
+    1000, `1e-400` is 0), an integer outside int64 becomes a float (2^63 is 9.223372036854776e18).
+    """
+
+
+def _go_scalar(loader: KubeYAMLLoader, node: yaml.ScalarNode) -> object:
+    value = loader.construct_scalar(node)
+    if node.style is not None:  # quoted: always a string
+        return value
+    if value in ("", "~", "null", "Null", "NULL"):
+        return None
+    if value in _GO_BOOL:
+        return _GO_BOOL[value]
+    plain = value.replace("_", "")
+    number: int | float | None = None
+    if _GO_INT.match(plain):
+        sign = -1 if plain.startswith("-") else 1
+        digits = plain.lstrip("+-")
+        base = 2 if digits.startswith("0b") else 16 if digits.startswith("0x") else \
+            8 if digits.startswith("0") and len(digits) > 1 else 10
+        digits = digits[2:] if digits[:2] in ("0b", "0x", "0o") else digits
+        number = sign * int(digits, base)
+        if not -_INT64 <= number < 2**64:  # beyond uint64: go-yaml reads it as a float
+            number = float(number)
+    elif _GO_FLOAT.match(plain):
+        number = float(plain)
+    elif value.lower().lstrip("+-") in (".inf", ".nan"):
+        return value  # infinities and NaN cannot be sent as JSON: kubectl fails on them
+    if number is None:
+        return value
+    return _as_json_number(number)
+
+
+def _as_json_number(number: int | float) -> int | float:
+    """The number as the API server decodes the JSON kubectl sends: int64 when it is written as an integer."""
+    if isinstance(number, float):
+        if math.isfinite(number) and number.is_integer() and abs(number) < 1e21:
+            number = int(number)
+        else:
+            return number
+    return number if -_INT64 <= number < _INT64 else float(number)
+
+
+KubeYAMLLoader.add_constructor("tag:yaml.org,2002:str", _go_scalar)
+# Resolution happens in `_go_scalar`: every plain scalar is first taken as a string.
+KubeYAMLLoader.yaml_implicit_resolvers = {
+    key: [(tag, regexp) for tag, regexp in resolvers if tag in ("tag:yaml.org,2002:merge",)]
+    for key, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def load_all(text: str) -> list[Any]:
+    """Every non-empty document of a YAML (or JSON) text, read as kubectl reads it."""
+    return [body for body in yaml.load_all(text, Loader=KubeYAMLLoader) if body is not None]
+
+
+@functools.cache
+def crd_schemas() -> dict[str, dict[str, Any]]:
+    """The generated CRDs' OpenAPI schemas, by kind."""
+    from kvtier.api.crd import build_crds
+
+    return {crd["spec"]["names"]["kind"]: crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+            for crd in build_crds().values()}
+
+
+def server_problems(body: dict[str, Any]) -> list[Problem]:
+    """What the API server refuses in a kvtier object (`kind` known): its 422's causes, and unknown fields."""
+    model = KINDS[body["kind"]]
+    found = metadata_errors(body.get("metadata"), namespaced=model is InferenceDeployment)
+    _, errors, unknown = process_custom(crd_schemas()[body["kind"]], body, None, earlier_errors=bool(found))
+    return [Problem(path, "unknown field") for path in unknown] + \
+        [Problem(error.field, error.message) if error is not RULES_NOT_CHECKED else Problem("", error.detail)
+         for error in [*found, *errors]]
+
 
 #: Every kind kvtier serves, by `kind`.
 KINDS: dict[str, type[BaseModel]] = {model.KIND: model for model in (KVPool, InferenceDeployment)}
@@ -74,7 +175,7 @@ def read_documents(paths: list[str]) -> Iterator[Document]:
             yield Document(source, 0, problems=[Problem("", f"cannot read: {error.strerror or error}")])
             continue
         try:
-            bodies = [body for body in yaml.safe_load_all(text) if body is not None]
+            bodies = load_all(text)
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -109,11 +210,11 @@ def parse_document(document: Document) -> Document:
             Problem("apiVersion", f"unknown apiVersion {api_version!r} for {kind} (served: {API_VERSION})")
         )
         return document
-    metadata = body.get("metadata")
-    if not isinstance(metadata, dict) or not (metadata.get("name") or metadata.get("generateName")):
-        document.problems.append(Problem("metadata.name", "required field is missing"))
+    document.problems.extend(server_problems(body))
+    if document.problems:
+        return document
     try:
         document.model = KINDS[kind].model_validate(body)
-    except ValidationError as error:
+    except ValidationError as error:  # what the CRD cannot say; the operator reports it as InvalidSpec
         document.problems.extend(problems(error))
     return document

@@ -95,7 +95,7 @@ def _rule_errors(rules: Any, path: str, out: list[FieldError]) -> None:
             if key in rule and not isinstance(rule[key], str):
                 out.append(FieldError(f"{where}.{key}", "Invalid value", "must be a string", rule[key]))
         try:
-            from kvtier.testing.cel import compile_rule
+            from kvtier.api.cel import compile_rule
         except ImportError:
             continue
         try:
