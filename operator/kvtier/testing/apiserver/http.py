@@ -261,7 +261,7 @@ class APIHandler:
         try:
             if "yaml" in content_type:
                 return yaml.safe_load(raw)
-            return json.loads(raw)
+            return json.loads(raw, parse_int=_json_int)
         except (ValueError, yaml.YAMLError) as exc:
             raise errors.bad_request(f"the request body could not be decoded: {exc}") from None
 
@@ -404,3 +404,9 @@ class APIHandler:
             watcher.closed = True
             coll.watchers.discard(watcher)
         return response
+
+
+def _json_int(text: str) -> int | float:
+    """A JSON integer as the API server decodes it into an object: int64, else float64."""
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else float(value)
