@@ -278,6 +278,8 @@ class WaitingDeployment(KubeModel):
     since: Timestamp
     needs: Quantity
     """Bytes it needs at its minimum: `min` x replicas."""
+    passed_over: int = Field(default=0, ge=0)
+    """Newer deployments admitted ahead of it because it did not fit the free capacity (bounded)."""
 
 
 class KVPoolStatus(KubeModel):

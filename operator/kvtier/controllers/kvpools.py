@@ -12,20 +12,22 @@ admission in the InferenceDeployment controller, the rebalancer — always throu
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 import kopf
 
+from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool, KVPoolStatus
 from kvtier.api.units import format_quantity
 from kvtier.controllers.conditions import set_condition
-from kvtier.controllers.events import post_transitions
+from kvtier.controllers.events import post_event, post_transitions
 from kvtier.controllers.reclaim import reclaim_volumes
 from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, api_errors, measured, parse
 from kvtier.kube import KVPOOLS, APIError, KubeClient
 from kvtier.storage import NVMeoFBackend, backend_for
-from kvtier.storage.ledger import allocated, reclaimed, release
+from kvtier.storage.ledger import Claim, allocated, reclaimed, repair
 
 POOL = ("kvtier.io", "v1alpha1", "kvpools")
 DEPLOYMENTS = ("kvtier.io", "v1alpha1", "inferencedeployments")
@@ -60,6 +62,25 @@ async def update_pool_status(
             if error.status != 409 or attempt == CAS_ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def created_at(metadata: Any) -> datetime:
+    """An object's `creationTimestamp` (admission order)."""
+    return datetime.fromisoformat(str(metadata["creationTimestamp"]).replace("Z", "+00:00"))
+
+
+def _claims(deployments: Iterable[Any]) -> dict[str, Claim | None]:
+    """What each deployment naming the pool asks of it, by uid (None: its spec does not parse)."""
+    claims: dict[str, Claim | None] = {}
+    for body in deployments:
+        uid = body["metadata"].get("uid")
+        try:
+            deployment = parse(InferenceDeployment, body)
+        except InvalidSpec:
+            claims[uid] = None
+            continue
+        claims[uid] = Claim.of(deployment, created_at(body["metadata"])) if deployment.spec.kv_cache.storage else None
+    return claims
 
 
 def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None,
@@ -128,13 +149,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         with api_errors():
             reclaim = await reclaim_volumes(memo.kube, pool, config.namespace, config.render.wipe_image)
 
+        claims = _claims(pool_deployments.get(body.metadata.name, ()))
+        repairs: list[str] = []
+
         def refresh(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
-            # Entries of deployments that no longer exist (deleted while the operator was down) or that
-            # name another pool now (a changed poolRef) are released.
-            here = {deployment["metadata"].get("uid") for deployment in pool_deployments.get(pool.metadata.name, ())}
-            for uid in {a.uid for a in status.allocations} | {w.uid for w in status.waiting}:
-                if uid not in here:
-                    status = release(pool, status, uid)
+            # The ledger repaired from the deployments that name the pool now (see `ledger.repair`).
+            status, found = repair(pool, status, claims)
+            repairs[:] = found
             status = reclaimed(pool, status, reclaim.freed).model_copy(update={"observed_generation": generation})
             conditions = pool_conditions(pool, status, generation, reclaim.problems)
             return status.model_validate({**status.to_wire(), "conditions": conditions})
@@ -146,6 +167,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             except PoolGone:
                 return
         await post_transitions(memo.kube, body, before, [c.to_wire() for c in status.conditions])
+        if repairs:
+            await post_event(memo.kube, body, "Warning", "LedgerRepaired",
+                             f"the ledger did not match the deployments using the pool; repaired: {'; '.join(repairs)}")
         metrics = getattr(memo, "metrics", None)
         if metrics is not None:
             metrics.pool_capacity.labels(pool=body.metadata.name).set(pool.spec.capacity)
