@@ -110,6 +110,10 @@ def crd_schemas() -> dict[str, dict[str, Any]]:
 def server_problems(body: dict[str, Any]) -> list[Problem]:
     """What the API server refuses in a kvtier object (`kind` known): its 422's causes, and unknown fields."""
     model = KINDS[body["kind"]]
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict) and not metadata.get("name") and isinstance(metadata.get("generateName"), str):
+        # The server names the object (generateName + 5 characters) before it validates it.
+        body = {**body, "metadata": {**metadata, "name": metadata["generateName"] + "x" * 5}}
     found = metadata_errors(body.get("metadata"), namespaced=model is InferenceDeployment)
     _, errors, unknown = process_custom(crd_schemas()[body["kind"]], body, None, earlier_errors=bool(found))
     return [Problem(path, "unknown field") for path in unknown] + \

@@ -249,7 +249,7 @@ async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: Oper
             step.condition("StorageBound", "False", reason, decision.message)
         binding = _binding(pool, decision, volume_size(claims, statefulset))
         rendered = deployment.model_copy(update={"spec": deployment.spec.model_copy(update={"replicas": allocation.replicas})})
-        quota = kv_volume(rendered, pool, binding, config.render.filesystem_reserve).quota  # capped by the volumes
+        quota = kv_volume(rendered, pool, binding).quota  # capped by the volumes
         step.status["kv"] = {"storage": {"quota": format_quantity(quota)}}
     reasons = check_fit(deployment, nodes, config.render, pool) if nodes else ["no nodes are known yet"]
     if reasons:

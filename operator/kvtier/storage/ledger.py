@@ -40,9 +40,11 @@ from datetime import datetime
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import Allocation, KVPool, KVPoolStatus, NVMeoFNamespace, WaitingDeployment
 from kvtier.api.units import format_quantity
+from kvtier.storage.base import BLOCK_ALIGN, align_down
 
-#: Quotas are whole 4 KiB blocks (LMCache's raw-block alignment).
-QUOTA_ALIGN = 4096
+#: Quotas are whole blocks of LMCache's raw-block alignment.
+QUOTA_ALIGN = BLOCK_ALIGN
+
 #: How many newer deployments may be admitted ahead of an older waiter that does not fit (see above).
 MAX_PASS_OVER = 3
 
@@ -87,7 +89,7 @@ class Decision:
 
 
 def _align(value: int) -> int:
-    return value // QUOTA_ALIGN * QUOTA_ALIGN
+    return align_down(value, QUOTA_ALIGN)
 
 
 def allocated(status: KVPoolStatus) -> int:
