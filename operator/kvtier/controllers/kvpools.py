@@ -2,7 +2,8 @@
 
 Each pass first advances the reclaim of the static volumes deployments gave back
 (`kvtier.controllers.reclaim`), then writes the ledger: allocations of deployments that no longer
-exist are released (their namespaces to `reclaiming`), reclaimed namespaces are freed.
+exist are released (their namespaces to `reclaiming`), reclaimed namespaces are freed, and the ledger
+is repaired from the deployments that name the pool (`kvtier.storage.ledger.repair`).
 
 The ledger itself (`status.allocations`, `status.waiting`) is changed by whoever needs it —
 admission in the InferenceDeployment controller, the rebalancer — always through
@@ -84,7 +85,7 @@ def _claims(deployments: Iterable[Any]) -> dict[str, Claim | None]:
 
 
 def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None,
-                    reclaim_problems: Sequence[str] = ()) -> list[dict[str, Any]]:
+                    reclaim_problems: Sequence[str] = (), reclaim_reason: str = "WipeFailed") -> list[dict[str, Any]]:
     """Ready, OverCommitted and Degraded, from the spec, the ledger and the reclaim pass' problems."""
     conditions = [c.to_wire() for c in status.conditions]
     used = allocated(status)
@@ -108,7 +109,7 @@ def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None,
                                    f"{format_quantity(used)} of {format_quantity(pool.spec.capacity)} allocated",
                                    generation)
     if reclaim_problems:
-        conditions = set_condition(conditions, "Degraded", "True", "WipeFailed", "; ".join(problems), generation)
+        conditions = set_condition(conditions, "Degraded", "True", reclaim_reason, "; ".join(problems), generation)
     elif problems:
         conditions = set_condition(conditions, "Degraded", "True", "StorageLimitations", "; ".join(problems), generation)
     else:
@@ -157,7 +158,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             status, found = repair(pool, status, claims)
             repairs[:] = found
             status = reclaimed(pool, status, reclaim.freed).model_copy(update={"observed_generation": generation})
-            conditions = pool_conditions(pool, status, generation, reclaim.problems)
+            conditions = pool_conditions(pool, status, generation, reclaim.problems, reclaim.reason)
             return status.model_validate({**status.to_wire(), "conditions": conditions})
 
         before = list(body.get("status", {}).get("conditions", []))
@@ -194,12 +195,21 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                 return
         users = [f"{a.namespace}/{a.name}" for a in status.allocations] + [f"{w.namespace}/{w.name}" for w in status.waiting]
         if users:
+            reason = "InUse"
             message = f"deletion waits for {len(users)} InferenceDeployment(s) using the pool: {', '.join(users[:5])}"
-        elif status.reclaiming:
+        elif status.reclaiming and not reclaim.unwiped:
+            reason = "Reclaiming"
             message = "; ".join([f"deletion waits for {len(status.reclaiming)} released NVMe-oF namespace(s) to be "
                                  f"reclaimed (spec.volumeReclaim; Retain keeps them until their PersistentVolumes "
                                  f"are deleted)", *reclaim.problems])
         else:
+            # Nothing uses the pool. Volumes no wipe can start for stay Released, labelled with the pool: a pool
+            # of the same name wipes them before it binds them again, as `Retain` would keep them.
+            if reclaim.unwiped:
+                await post_event(memo.kube, body, "Warning", reclaim.reason,
+                                 f"KVPool {body.metadata.name} deleted without wiping {len(reclaim.unwiped)} released "
+                                 f"volume(s) ({', '.join(reclaim.unwiped[:5])}): {'; '.join(reclaim.problems)}; they "
+                                 f"stay Released until deleted, or wiped by a new pool of the same name")
             metrics = getattr(memo, "metrics", None)
             for family in (metrics.pool_capacity, metrics.pool_allocated) if metrics is not None else ():
                 with contextlib.suppress(KeyError):
@@ -207,6 +217,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             return
         conditions = set_condition(list(body.get("status", {}).get("conditions", [])), "Ready", "False",
                                    "Terminating", message, body.metadata.get("generation"))
+        conditions = set_condition(conditions, "Terminating", "True", reason, message, body.metadata.get("generation"))
         with api_errors():
             await memo.kube.patch(KVPOOLS, None, body.metadata.name, {"status": {"conditions": conditions}},
                                   subresource="status")
