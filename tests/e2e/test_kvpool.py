@@ -7,7 +7,7 @@ import concurrent.futures
 
 import pytest
 
-from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, STATEFULSETS
+from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, PERSISTENT_VOLUMES, STATEFULSETS
 from kvtier.api.units import parse_quantity
 from tests.conftest import wait_for
 from tests.e2e.helpers import (
@@ -208,3 +208,37 @@ def test_a_corrupted_ledger_entry_is_repaired_and_explained(cluster, namespace, 
         return bound.get("status") == "True" and bound["message"].startswith(f"{entry['quota']} per replica")
 
     wait_for(agrees, message="the victim's StorageBound condition to match its ledger entry")
+
+
+OPERATOR_NAMESPACE = "kvtier-system"
+
+
+def test_pool_deletion_proceeds_without_the_operator_namespace(cluster, namespace, pool):
+    """Issue #23 problem 4: a hostPath pool could not be deleted while the operator's namespace was missing
+    (the wipe's claim got 404 forever, the pool still Ready)."""
+    if not cluster.embedded:
+        pytest.skip("deletes the operator's namespace, which a real installation runs in")
+    had_namespace = get(cluster, NAMESPACES, None, OPERATOR_NAMESPACE) is not None
+    if had_namespace:
+        kubectl(cluster, "delete", "namespace", OPERATOR_NAMESPACE, "--timeout=30s")
+    try:
+        create_pool(cluster, {"apiVersion": "kvtier.io/v1alpha1", "kind": "KVPool", "metadata": {"name": pool},
+                              "spec": {"capacity": "100Gi", "storage": {"hostPath": {"path": "/var/lib/kvtier"}},
+                                       "rebalance": {"policy": "Static"}}})
+        create_deployment(cluster, deployment(namespace, "user", pool, request="10Gi"))
+        wait_for(lambda: storage_bound(cluster, namespace, "user").get("status") == "True", message="bound")
+        wait_for(lambda: items(cluster, PERSISTENT_VOLUMES, None, f"kvtier.io/pool={pool}"), message="its volume")
+        kubectl(cluster, "delete", "infd", "user", "-n", namespace)
+        degraded = wait_for(lambda: (c := condition(get(cluster, KVPOOLS, None, pool), "Degraded"))
+                            .get("reason") == "OperatorNamespaceMissing" and c, timeout=30,
+                            message="the pool to say why its released volume is not wiped")
+        assert OPERATOR_NAMESPACE in degraded["message"] and "volumeReclaim: Retain" in degraded["message"]
+        kubectl(cluster, "delete", "kvp", pool, "--wait=false")
+        wait_for(lambda: get(cluster, KVPOOLS, None, pool) is None, timeout=30, message="the pool to go")
+        warned = [e for e in events(cluster, "default", pool) if e["reason"] == "OperatorNamespaceMissing"]
+        assert warned and "without wiping 1 released volume" in warned[-1]["message"]
+        [volume] = items(cluster, PERSISTENT_VOLUMES, None, f"kvtier.io/pool={pool}")  # kept, as Retain would
+        kubectl(cluster, "delete", "pv", volume["metadata"]["name"])
+    finally:
+        if had_namespace:
+            kubectl(cluster, "create", "namespace", OPERATOR_NAMESPACE)
