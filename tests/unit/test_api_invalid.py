@@ -66,7 +66,7 @@ CASES = [
      "spec.storage.nvmeof.hostNQN", False),
     ("bad-uuid", with_(POOL, **{"spec.storage.nvmeof.namespaces[0].uuid": "5b0c8d4e-zzzz"}),
      "spec.storage.nvmeof.namespaces[0].uuid", False),
-    ("duplicate-uuid", with_(POOL, **{"spec.storage.nvmeof.namespaces[1].uuid": "5B0C8D4E-0F1A-4C2B-9D3E-000000000000"}),
+    ("duplicate-uuid", with_(POOL, **{"spec.storage.nvmeof.namespaces[1].uuid": "5b0c8d4e-0f1a-4c2b-9d3e-000000000000"}),
      "spec.storage.nvmeof.namespaces[1].uuid", False),
     ("namespace-size-negative", with_(POOL, **{"spec.storage.nvmeof.namespaces[0].size": -1}),
      "spec.storage.nvmeof.namespaces[0].size", True),

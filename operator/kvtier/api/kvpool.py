@@ -21,7 +21,8 @@ from kvtier.api.units import Duration, Quantity
 
 #: NVMe Qualified Name: `nqn.<yyyy-mm>.<reverse domain>[:<anything>]`, at most 223 bytes (NVMe base spec 4.5).
 NQN_PATTERN = r"^nqn\.[0-9]{4}-(0[1-9]|1[0-2])\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*(:.+)?$"
-UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+#: Lowercase, as Kubernetes writes identifiers: so the API server's list-map key check finds duplicates too.
+UUID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 HOST_PATTERN = r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$"
 
 NQN = Field(max_length=223, pattern=NQN_PATTERN)
@@ -42,7 +43,8 @@ class NVMeoFNamespace(KubeModel):
     nqn: str = NQN
     """NQN of the subsystem that exports the namespace (one subsystem per namespace is the safe layout)."""
     uuid: str = Field(pattern=UUID_PATTERN, max_length=36)
-    """Namespace UUID; becomes the PersistentVolume's volumeHandle and deviceUUID."""
+    """Namespace UUID, in lowercase (`nvme id-ns` prints it so); becomes the PersistentVolume's volumeHandle and
+    deviceUUID. Unique within the pool."""
     size: Quantity
     """Usable bytes of the namespace; caps the storage quota of the replica bound to it."""
 

@@ -61,10 +61,19 @@ class FieldError:
         return {"reason": reason, "message": self.message, "field": self.field}
 
 
+_GO_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _go_quote(text: str) -> str:
+    """A string as Go's `%q` writes it: control characters escaped, printable Unicode kept."""
+    return '"' + "".join(_GO_ESCAPES.get(c, c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100
+                                         else f"\\u{ord(c):04x}") for c in text) + '"'
+
+
 def render_value(value: Any) -> str:
     """Format a value the way Go's `%#v`-ish field errors show it."""
     if isinstance(value, str):
-        return f'"{value}"'
+        return _go_quote(value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
