@@ -1,6 +1,6 @@
 """Reading manifests: multi-document YAML into kvtier models, every problem as one line.
 
-A document is judged as the API server judges it (`server_problems`): its name, then the generated
+A document is judged as the API server judges it (`admit`): its name, then the generated
 CRD's OpenAPI schema and CEL rules, through the very code the embedded API server runs
 (`kvtier.api.schema`), so `kvtier validate` reports the server's errors with the server's field
 paths. Unknown fields are reported too (`kubectl apply` refuses them: strict field validation).
@@ -64,15 +64,26 @@ def _go_scalar(loader: KubeYAMLLoader, node: yaml.ScalarNode) -> object:
             8 if digits.startswith("0") and len(digits) > 1 else 10
         digits = digits[2:] if digits[:2] in ("0b", "0x", "0o") else digits
         number = sign * int(digits, base)
-        if not -_INT64 <= number < 2**64:  # beyond uint64: go-yaml reads it as a float
-            number = float(number)
+        if not -_INT64 <= number < 2**64:  # beyond uint64: go-yaml reads it as a float, beyond float64 a string
+            number = float(plain) if math.isfinite(float(plain)) else None
     elif _GO_FLOAT.match(plain):
-        number = float(plain)
+        number = float(plain) if math.isfinite(float(plain)) else None  # an overflow is a string to go-yaml
     elif value.lower().lstrip("+-") in (".inf", ".nan"):
         return value  # infinities and NaN cannot be sent as JSON: kubectl fails on them
     if number is None:
         return value
     return _as_json_number(number)
+
+
+def as_decoded(value: Any) -> Any:
+    """`value` as the API server decodes it from JSON: an integer outside int64 becomes a float64."""
+    if isinstance(value, dict):
+        return {key: as_decoded(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [as_decoded(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+        return float(value)
+    return value
 
 
 def _as_json_number(number: int | float) -> int | float:
@@ -107,16 +118,25 @@ def crd_schemas() -> dict[str, dict[str, Any]]:
             for crd in build_crds().values()}
 
 
-def server_problems(body: dict[str, Any]) -> list[Problem]:
-    """What the API server refuses in a kvtier object (`kind` known): its 422's causes, and unknown fields."""
+def admit(body: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
+    """The kvtier object (`kind` known) as the API server would store it (numbers decoded, nulls and unknown
+    fields dropped, defaults applied), and what it refuses in it: its 422's causes, and unknown fields."""
     model = KINDS[body["kind"]]
+    body = as_decoded(body)
     metadata = body.get("metadata")
+    if isinstance(metadata, dict):
+        for key in ("name", "generateName", "namespace"):
+            if metadata.get(key) is not None and not isinstance(metadata[key], str):
+                # The server cannot even decode ObjectMeta then: a 400 naming that field, nothing else.
+                return body, [Problem(f"metadata.{key}", f"unable to decode: expected a string, got {metadata[key]!r}")]
     if isinstance(metadata, dict) and not metadata.get("name") and isinstance(metadata.get("generateName"), str):
         # The server names the object (generateName + 5 characters) before it validates it.
         body = {**body, "metadata": {**metadata, "name": metadata["generateName"] + "x" * 5}}
     found = metadata_errors(body.get("metadata"), namespaced=model is InferenceDeployment)
-    _, errors, unknown = process_custom(crd_schemas()[body["kind"]], body, None, earlier_errors=bool(found))
-    return [Problem(path, "unknown field") for path in unknown] + \
+    stored, errors, unknown = process_custom(crd_schemas()[body["kind"]], body, None, earlier_errors=bool(found))
+    if isinstance(metadata, dict):
+        stored["metadata"] = metadata  # as written: a generated name is the server's business
+    return stored, [Problem(path, "unknown field") for path in unknown] + \
         [Problem(error.field, error.message) if error is not RULES_NOT_CHECKED else Problem("", error.detail)
          for error in [*found, *errors]]
 
@@ -214,11 +234,12 @@ def parse_document(document: Document) -> Document:
             Problem("apiVersion", f"unknown apiVersion {api_version!r} for {kind} (served: {API_VERSION})")
         )
         return document
-    document.problems.extend(server_problems(body))
+    stored, refused = admit(body)
+    document.problems.extend(refused)
     if document.problems:
         return document
-    try:
-        document.model = KINDS[kind].model_validate(body)
+    try:  # the object as the server stores it, which is what the operator reads
+        document.model = KINDS[kind].model_validate(stored)
     except ValidationError as error:  # what the CRD cannot say; the operator reports it as InvalidSpec
         document.problems.extend(problems(error))
     return document

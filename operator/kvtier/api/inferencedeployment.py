@@ -17,7 +17,7 @@ from kvtier.api.common import (
 )
 from kvtier.api.errors import FieldProblem
 from kvtier.api.rules import Rule, cel_literal, cel_rules
-from kvtier.api.units import MAX_QUANTITY_LENGTH, RESOURCE_QUANTITY_PATTERN, Duration, Quantity
+from kvtier.api.units import MAX_QUANTITY_LENGTH, RESOURCE_QUANTITY_PATTERN, Duration, Quantity, quantity_value
 
 #: StatefulSet pods carry a `controller-revision-hash` label of `<name>-<10 chars>`, at most 63 characters.
 MAX_NAME_LENGTH = 52
@@ -64,6 +64,8 @@ def _check_resource_quantity(value: int | str) -> int | str:
         raise ValueError(f"may not be more than {MAX_QUANTITY_LENGTH} bytes")
     if isinstance(value, str) and not re.match(RESOURCE_QUANTITY_PATTERN, value):
         raise ValueError(f"{value!r} is not a non-negative Kubernetes quantity such as 16, 500m or 64Gi")
+    if isinstance(value, str):
+        quantity_value(value)  # in range (an exponent such as 1e99999999999 is not)
     return value
 
 
@@ -74,8 +76,8 @@ ResourceQuantity = Annotated[
     AfterValidator(_check_resource_quantity),
     WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": RESOURCE_QUANTITY_PATTERN,
                     "maxLength": MAX_QUANTITY_LENGTH,
-                    **cel_rules(Rule(f"string(self).matches({cel_literal(RESOURCE_QUANTITY_PATTERN)})",
-                                     _NEGATIVE_RESOURCE))}),
+                    **cel_rules(Rule(f"string(self).matches({cel_literal(RESOURCE_QUANTITY_PATTERN)}) && "
+                                     f"isQuantity(string(self))", _NEGATIVE_RESOURCE))}),
 ]
 #: Most resource names in `engine.resources.requests` / `limits` (bounds the CEL rules' cost).
 MAX_RESOURCE_NAMES = 32
@@ -101,7 +103,7 @@ class ModelSpec(KubeModel):
     """Model to serve: a Hugging Face id or a path inside the image or a mounted volume."""
     served_name: str | None = Field(default=None, min_length=1, max_length=253)
     """Name clients use in requests (default: `name`)."""
-    kv_bytes_per_token: int | None = Field(default=None, ge=1)
+    kv_bytes_per_token: int | None = Field(default=None, ge=1, le=2**32)
     """KV cache bytes per token over all layers (alternative to `architecture`)."""
     architecture: Architecture | None = None
 
@@ -167,7 +169,7 @@ class EngineSpec(KubeModel):
     """GPUs per replica (`--tensor-parallel-size`); every rank of a replica runs on one node."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of each GPU's memory vLLM may use for weights, activations and the HBM KV cache."""
-    max_model_len: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1, le=2**24)
     args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(default_factory=list, max_length=256)
     """Extra `vllm serve` arguments, appended after the operator's own (which they must not repeat)."""
     env: list[EnvVar] = Field(default_factory=list, max_length=256)

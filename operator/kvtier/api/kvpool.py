@@ -59,9 +59,9 @@ class NVMeoFAuth(KubeModel):
 class NVMeoFConnect(KubeModel):
     """Host connect options (`nvme connect`); applied only by drivers that accept them."""
 
-    ctrl_loss_tmo: int | None = Field(default=None, ge=-1)
+    ctrl_loss_tmo: int | None = Field(default=None, ge=-1, le=2**31 - 1)
     """Seconds to keep retrying a lost controller (`-l`; -1 retries forever; kernel default 600)."""
-    reconnect_delay: int | None = Field(default=None, ge=1)
+    reconnect_delay: int | None = Field(default=None, ge=1, le=2**31 - 1)
     """Seconds between reconnect attempts (`-c`; kernel default 10)."""
     nr_io_queues: int | None = Field(default=None, ge=1, le=1024, alias="nrIOQueues")
     """Number of I/O queues (`-i`)."""

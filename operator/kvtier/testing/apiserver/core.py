@@ -185,16 +185,14 @@ class Cluster:
         opts = opts or WriteOptions()
         obj = self._check_body(rt, namespace, body, None)
         meta = obj["metadata"]
-        if not meta.get("name"):
-            if not meta.get("generateName"):
-                raise errors.invalid(rt.group, rt.kind, "", [FieldError("metadata.name", "Required value",
-                                                                         "name or generateName is required")])
+        if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + "".join(random.choices(_NAME_CHARS, k=5))
         namespace = meta.get("namespace")
-        if rt.namespaced:
-            self._check_namespace(rt, namespace or "", meta["name"])
-        if self.find(rt, namespace, meta["name"]) is not None:
-            raise errors.already_exists(rt.group, rt.plural, meta["name"])
+        if meta.get("name"):  # without one, validation reports it with every other error, as the real server
+            if rt.namespaced:
+                self._check_namespace(rt, namespace or "", meta["name"])
+            if self.find(rt, namespace, meta["name"]) is not None:
+                raise errors.already_exists(rt.group, rt.plural, meta["name"])
         for volatile in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(volatile, None)
         meta["uid"] = str(uuid.uuid4())
@@ -442,7 +440,8 @@ class Cluster:
 
     @staticmethod
     def _metadata_errors(rt: ResourceType, meta: dict[str, Any]) -> list[FieldError]:
-        problems = name_errors(meta.get("name", ""), label=rt.storage_key == _NS_KEY)
+        problems = name_errors(meta["name"], label=rt.storage_key == _NS_KEY) if meta.get("name") else [
+            FieldError("metadata.name", "Required value", "name or generateName is required")]
         for key, value in (meta.get("labels") or {}).items():
             if isinstance(value, str) and (len(value) > 63 or not re.match(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", value)):
                 problems.append(FieldError(f"metadata.labels", "Invalid value", "a valid label must be an empty string "

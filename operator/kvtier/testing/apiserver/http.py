@@ -409,4 +409,9 @@ class APIHandler:
 def _json_int(text: str) -> int | float:
     """A JSON integer as the API server decodes it into an object: int64, else float64."""
     value = int(text)
-    return value if -(2**63) <= value < 2**63 else float(value)
+    if -(2**63) <= value < 2**63:
+        return value
+    try:
+        return float(value)
+    except OverflowError:  # beyond float64: Go's decoder refuses the body too
+        raise ValueError(f"number {text[:20]}... is out of range") from None
