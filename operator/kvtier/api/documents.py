@@ -96,7 +96,21 @@ def _as_json_number(number: int | float) -> int | float:
     return number if -_INT64 <= number < _INT64 else float(number)
 
 
+def _go_mapping(loader: KubeYAMLLoader, node: yaml.MappingNode) -> dict[str, Any]:
+    """A mapping whose keys are strings, as sigs.k8s.io/yaml writes them into JSON (`true`, `1`, `null`)."""
+    loader.flatten_mapping(node)
+    pairs = loader.construct_pairs(node, deep=True)
+    return {_json_key(key): value for key, value in pairs}
+
+
+def _json_key(key: Any) -> str:
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return "null" if key is None else str(key)
+
+
 KubeYAMLLoader.add_constructor("tag:yaml.org,2002:str", _go_scalar)
+KubeYAMLLoader.add_constructor("tag:yaml.org,2002:map", _go_mapping)
 # Resolution happens in `_go_scalar`: every plain scalar is first taken as a string.
 KubeYAMLLoader.yaml_implicit_resolvers = {
     key: [(tag, regexp) for tag, regexp in resolvers if tag in ("tag:yaml.org,2002:merge",)]
