@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, REPO_ROOT
 
 
 def kvtier_validate(*args, stdin=None):
@@ -111,3 +111,17 @@ def test_unreadable_file():
 
 def test_filename_is_required():
     assert kvtier_validate().returncode == 2
+
+
+def test_an_omitted_kv_cache_masks_nothing():
+    """Issue #16 item 6: with spec.kvCache omitted, validate said only `cpu: cpu is required` and hid the rest."""
+    text = (REPO_ROOT / "tests" / "data" / "bad-inputs" / "kvcache-omitted-with-other-errors.yaml").read_text()
+    result = kvtier_validate("-f", "-", stdin=text)
+    fields = [line.split(": ")[2] for line in result.stdout.splitlines()]
+    assert result.returncode == 1
+    assert fields == ["spec.engine.imagee", "spec.engine.tensorParallelSize", "spec.engine.gpuMemoryUtilization",
+                      "some validation rules were not checked because the object was invalid; correct the existing "
+                      "errors to complete validation"], result.stdout
+    fixed = text.replace("imagee: typo, tensorParallelSize: 0, gpuMemoryUtilization: 1.5", "tensorParallelSize: 1")
+    result = kvtier_validate("-f", "-", stdin=fixed)
+    assert [line.split(": ")[2] for line in result.stdout.splitlines()] == ["spec.kvCache.cpu"], result.stdout
