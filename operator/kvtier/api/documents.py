@@ -63,14 +63,15 @@ def _go_scalar(loader: KubeYAMLLoader, node: yaml.ScalarNode) -> object:
         base = 2 if digits.startswith("0b") else 16 if digits.startswith("0x") else \
             8 if digits.startswith("0") and len(digits) > 1 else 10
         digits = digits[2:] if digits[:2] in ("0b", "0x", "0o") else digits
-        number = sign * int(digits, base)
-        if not -_INT64 <= number < 2**64:  # beyond uint64: go-yaml reads it as a float, beyond float64 a string
+        try:
+            number = sign * int(digits, base)
+        except ValueError:  # `09`: not octal, so go-yaml tries it as a float
+            number = None
+        if number is not None and not -_INT64 <= number < 2**64:  # beyond uint64: a float (beyond float64: a string)
             number = float(plain) if math.isfinite(float(plain)) else None
-    elif _GO_FLOAT.match(plain):
+    if number is None and _GO_FLOAT.match(plain):
         number = float(plain) if math.isfinite(float(plain)) else None  # an overflow is a string to go-yaml
-    elif value.lower().lstrip("+-") in (".inf", ".nan"):
-        return value  # infinities and NaN cannot be sent as JSON: kubectl fails on them
-    if number is None:
+    if number is None:  # also `.inf` and `.nan`, which cannot be sent as JSON (kubectl fails on them)
         return value
     return _as_json_number(number)
 
