@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, REPO_ROOT
 
 
 def kvtier_validate(*args, stdin=None):
@@ -65,10 +65,11 @@ def test_problems_are_one_line_each_with_file_kind_name_and_field(tmp_path):
     assert result.stderr == ""
     lines = result.stdout.splitlines()
     assert lines == [
-        f"{manifest}: KVPool/p: spec.storage: set exactly one storage backend: nvmeof, csi or hostPath",
+        f'{manifest}: KVPool/p: spec.storage: Invalid value: "object": set exactly one storage backend: nvmeof, csi or hostPath',
         f"{manifest}: KVPool/q: apiVersion: unknown apiVersion 'kvtier.io/v1' for KVPool (served: kvtier.io/v1alpha1)",
-        f"{manifest}: InferenceDeployment/d: spec.engine.args[0]: args must not set --port, --host, --model, "
-        "--served-model-name, --tensor-parallel-size, --gpu-memory-utilization or --max-model-len: use the spec's fields",
+        f'{manifest}: InferenceDeployment/d: spec.engine.args: Invalid value: "array": args must not set --port, --host, --model, '
+
+                "--served-model-name, --tensor-parallel-size, --gpu-memory-utilization or --max-model-len: use the spec's fields",
         f"{manifest}: <no kind>/nokind: kind: required field is missing",
         f"{manifest}: KVPools/typo: kind: unknown kind 'KVPools' in kvtier.io (known: KVPool, InferenceDeployment)",
     ]
@@ -87,15 +88,19 @@ def test_stdin_and_malformed_yaml():
         ("- just\n- a list\n", "expected a Kubernetes object, got list"),
         ("kind: KVPool\nmetadata: {name: x}\nspec: {}\n", "apiVersion: required field is missing"),
         ("apiVersion: kvtier.io/v1alpha1\nkind: KVPool\nspec: {capacity: 1Ti, storage: {hostPath: {path: /x}}}\n",
-         "metadata.name: required field is missing"),
-        ("apiVersion: kvtier.io/v1alpha1\nkind: KVPool\nmetadata: {name: x}\n", "spec: required field is missing"),
+         "metadata.name: Required value"),
+        ("apiVersion: kvtier.io/v1alpha1\nkind: KVPool\nmetadata: {name: x}\n", "spec: Required value"),
         ("\t- bad indentation\n", "malformed YAML"),
     ],
 )
 def test_bad_documents_get_one_line(text, expected):
     result = kvtier_validate("-f", "-", stdin=text)
     assert result.returncode == 1
-    assert len(result.stdout.splitlines()) == 1 and expected in result.stdout, result.stdout
+    first, *rest = result.stdout.splitlines()
+    assert expected in first, result.stdout
+    # As from the API server: after a schema error, a note that the CEL rules were not checked.
+    assert rest in ([], [f"{first.split(': ')[0]}: {first.split(': ')[1]}: some validation rules were not checked because the object was invalid; "
+                         "correct the existing errors to complete validation"]), result.stdout
 
 
 def test_unreadable_file():
@@ -106,3 +111,17 @@ def test_unreadable_file():
 
 def test_filename_is_required():
     assert kvtier_validate().returncode == 2
+
+
+def test_an_omitted_kv_cache_masks_nothing():
+    """Issue #16 item 6: with spec.kvCache omitted, validate said only `cpu: cpu is required` and hid the rest."""
+    text = (REPO_ROOT / "tests" / "data" / "bad-inputs" / "kvcache-omitted-with-other-errors.yaml").read_text()
+    result = kvtier_validate("-f", "-", stdin=text)
+    fields = [line.split(": ")[2] for line in result.stdout.splitlines()]
+    assert result.returncode == 1
+    assert fields == ["spec.engine.imagee", "spec.engine.tensorParallelSize", "spec.engine.gpuMemoryUtilization",
+                      "some validation rules were not checked because the object was invalid; correct the existing "
+                      "errors to complete validation"], result.stdout
+    fixed = text.replace("imagee: typo, tensorParallelSize: 0, gpuMemoryUtilization: 1.5", "tensorParallelSize: 1")
+    result = kvtier_validate("-f", "-", stdin=fixed)
+    assert [line.split(": ")[2] for line in result.stdout.splitlines()] == ["spec.kvCache.cpu"], result.stdout

@@ -128,3 +128,20 @@ def test_an_unrenderable_spec_is_an_error_not_a_fit():
     infd = deployment(mode="LMCacheInProcess", storage={"poolRef": "p", "request": "100Gi"})
     with pytest.raises(UnsupportedStorage):
         check_fit(infd, [node()], pool=pool)
+
+
+def test_a_tensor_parallel_size_that_strands_gpus_does_not_fit():
+    """Issue #23: `tensorParallelSize: 3` on 8-GPU nodes was accepted silently."""
+    reasons = check_fit(deployment(tp=3, engine_memory="64Gi", cpu_tier="16Gi"), [node(), node("gpu-1")])
+    assert len(reasons) == 1 and "tensorParallelSize 3 does not divide the GPUs of any node" in reasons[0]
+    assert "(8)" in reasons[0] and "such as 2" in reasons[0]
+    assert check_fit(deployment(tp=4, engine_memory="64Gi", cpu_tier="16Gi"), [node()]) == []
+
+
+def test_more_replicas_than_the_nodes_hold_at_once_does_not_fit():
+    """Issue #23: `replicas: 10000` created thousands of pods; now the fit check refuses before any exists."""
+    infd = deployment(tp=2, engine_memory="64Gi", cpu_tier="16Gi")
+    nodes = [node(f"gpu-{i}") for i in range(4)]  # 4 nodes x 8 GPUs: 16 replicas of TP 2
+    assert check_fit(infd.model_copy(update={"spec": infd.spec.model_copy(update={"replicas": 16})}), nodes) == []
+    reasons = check_fit(infd.model_copy(update={"spec": infd.spec.model_copy(update={"replicas": 17})}), nodes)
+    assert len(reasons) == 1 and "spec.replicas 17 is more than the nodes hold at once: 16 replica(s)" in reasons[0]

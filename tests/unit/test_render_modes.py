@@ -6,6 +6,8 @@ import shlex
 
 import kubernetes_validate
 import pytest
+
+from kvtier.api.units import parse_quantity
 import yaml
 
 from kvtier.api import InferenceDeployment, KVPool
@@ -344,8 +346,10 @@ def test_mp_filesystem_volume_holds_a_presized_device_file():
     assert init["name"] == "kv-store-presize"
     assert shlex.quote(adapter["device_path"]) in script and f"n={adapter['capacity_bytes']};" in script
     assert "fallocate" in script and "rm -f" in script
-    # the file leaves the filesystem its reserve, and stays block-aligned
-    assert adapter["capacity_bytes"] < 2 * TiB and adapter["capacity_bytes"] % 4096 == 0
+    # the volume is sized up by the filesystem's reserve, so the file holds max (2Ti), block-aligned
+    (template,) = statefulset(objects)["spec"]["volumeClaimTemplates"]
+    volume = parse_quantity(template["spec"]["resources"]["requests"]["storage"])
+    assert 2 * TiB <= adapter["capacity_bytes"] < volume and adapter["capacity_bytes"] % 4096 == 0
     mount = container(objects, "lmcache")["volumeMounts"][-1]
     assert mount["name"] == "kv-store" and adapter["device_path"].startswith(mount["mountPath"] + "/")
     assert init["volumeMounts"] == [mount]
@@ -369,9 +373,9 @@ def test_in_process_disk_tier_follows_the_ledger_quota():
     pool = make_pool(CSI_FILESYSTEM)
     objects = render_deployment(deployment, pool, binding=StorageBinding(quota=512 * GiB))
     assert lmcache_config(objects)["max_local_disk_size"] == 256.0
-    # never more than the volume holds (2Ti less the filesystem's reserve)
+    # never more than the volume holds: max (2Ti) is usable, as the volume is sized up by the reserve
     objects = render_deployment(deployment, pool, binding=StorageBinding(quota=100 * TiB))
-    assert lmcache_config(objects)["max_local_disk_size"] < 1024
+    assert 1024 <= lmcache_config(objects)["max_local_disk_size"] < 1024 * 1.001
 
 
 def test_in_process_raw_block_with_one_rank():

@@ -6,10 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.api import KVPool
-from kvtier.api.kvpool import KVPoolStatus
-from kvtier.storage.ledger import Claim, admit, allocated, reclaimed, release
+from kvtier.api.kvpool import Allocation, KVPoolStatus
+from kvtier.storage.ledger import MAX_PASS_OVER, Claim, admit, allocated, reclaimed, release, repair
 
 TI = 2**40
+GI = 2**30
 T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
 
@@ -107,11 +108,103 @@ def test_a_recreated_deployment_does_not_inherit_its_namesakes_namespaces():
 
 
 def test_a_refused_scale_up_keeps_what_was_admitted():
-    pool = csi_pool(2 * TI)
+    pool = csi_pool(3 * TI)
     status = admit(pool, KVPoolStatus(), claim("a", replicas=2, request=TI, minimum=TI)).status
+    status = admit(pool, status, claim("b", request=TI, minimum=TI, age=1)).status
     decision = admit(pool, status, claim("a", replicas=3, request=TI, minimum=TI))
     assert decision.reason == "InsufficientCapacity" and decision.allocation.replicas == 2
-    assert decision.status.allocated == 2 * TI
+    assert "keeps 1Ti per replica x 2" in decision.message and decision.status.allocated == 3 * TI
+    beyond = admit(pool, status, claim("a", replicas=4, request=TI, minimum=TI))
+    assert beyond.reason == "NeverFits" and beyond.allocation.replicas == 2 and beyond.status.allocated == 3 * TI
+
+
+def test_a_deployment_that_can_never_fit_is_refused_and_blocks_nobody():
+    """Issue #23 problem 1: `hol-a` (11 x 10Gi on a 100Gi pool) held the queue while the pool sat empty."""
+    pool = csi_pool(100 * GI)
+    refused = admit(pool, KVPoolStatus(), claim("hol-a", replicas=11, request=10 * GI, minimum=10 * GI))
+    assert refused.allocation is None and refused.reason == "NeverFits"
+    assert "110Gi" in refused.message and "100Gi" in refused.message
+    assert refused.status.waiting == [], "no place in the queue"
+    later = admit(pool, refused.status, claim("hol-b", request=10 * GI, minimum=10 * GI, age=1))
+    assert later.reason == "Bound" and later.allocation.quota == 10 * GI
+
+
+def test_static_pool_without_enough_large_namespaces_never_fits():
+    pool = nvmeof_pool([TI, TI, 4 * TI])
+    refused = admit(pool, KVPoolStatus(), claim("a", replicas=2, request=2 * TI, minimum=2 * TI))
+    assert refused.reason == "NeverFits" and "has 1 in all" in refused.message and refused.status.waiting == []
+
+
+def test_a_waiter_that_does_not_fit_is_passed_over_a_bounded_number_of_times():
+    pool = csi_pool(10 * TI)
+    status = admit(pool, KVPoolStatus(), claim("holder", request=6 * TI, minimum=6 * TI)).status
+    status = admit(pool, status, claim("large", request=8 * TI, minimum=8 * TI, age=1)).status
+    assert [w.name for w in status.waiting] == ["large"]
+    admitted = []
+    for n in range(MAX_PASS_OVER + 2):
+        decision = admit(pool, status, claim(f"small-{n}", request=GI, minimum=GI, age=2 + n))
+        status = decision.status
+        admitted.append(decision.allocation is not None)
+    # The first MAX_PASS_OVER small ones go ahead (they fit, `large` does not); then `large` holds its place.
+    assert admitted == [True] * MAX_PASS_OVER + [False, False]
+    assert status.waiting[0].name == "large" and status.waiting[0].passed_over == MAX_PASS_OVER
+    queued = admit(pool, status, claim("small-late", request=GI, minimum=GI, age=100))
+    assert queued.reason == "Queued" and "ml/large" in queued.message
+    status = release(pool, status, "uid-holder")
+    large = admit(pool, status, claim("large", request=8 * TI, minimum=8 * TI, age=1))
+    assert large.reason == "Bound", large.message
+
+
+def test_admission_is_linear_in_the_ledger():
+    """Thousands of entries: one admission reads each once (the old code compared models pairwise)."""
+    pool = csi_pool(10_000 * TI)
+    status = KVPoolStatus(allocations=[Allocation(namespace="ml", name=f"d{i}", uid=f"u{i}", replicas=1, quota=TI)
+                                       for i in range(3000)])
+    decision = admit(pool, status, claim("new", request=TI))
+    assert decision.reason == "Bound" and len(decision.status.allocations) == 3001
+
+
+def claims_of(*claims):
+    return {c.uid: c for c in claims}
+
+
+def test_repair_raises_an_entry_below_its_min_taking_from_others_within_their_bounds():
+    """Issue #23 problem 2: a corrupted entry at 0 stayed at 0 while its capacity went to a waiter."""
+    pool = csi_pool(10 * TI)
+    a, b = claim("a", request=5 * TI, minimum=2 * TI), claim("b", request=5 * TI, minimum=4 * TI, maximum=6 * TI, age=1)
+    status = admit(pool, KVPoolStatus(), a).status
+    status = admit(pool, status, b).status
+    corrupted = status.model_copy(update={"allocations": [status.allocations[0].model_copy(update={"quota": 0}),
+                                                          status.allocations[1].model_copy(update={"quota": 6 * TI})]})
+    assert corrupted.allocations[1].quota > b.request
+    fixed, repairs = repair(pool, corrupted, claims_of(a, b))
+    quotas = {e.name: e.quota for e in fixed.allocations}
+    assert quotas["a"] >= 2 * TI and 4 * TI <= quotas["b"] <= 6 * TI and allocated(fixed) <= 10 * TI
+    assert any("ml/a: quota 0 -> 2Ti (below min)" in r for r in repairs), repairs
+
+
+def test_repair_lowers_above_max_releases_the_gone_and_fits_a_reduced_capacity():
+    pool = csi_pool(4 * TI)
+    a, b = claim("a", request=2 * TI, minimum=TI), claim("b", request=2 * TI, minimum=TI, age=1)
+    status = KVPoolStatus(allocations=[
+        Allocation(namespace="ml", name="a", uid="uid-a", replicas=1, quota=3 * TI),   # above max
+        Allocation(namespace="ml", name="b", uid="uid-b", replicas=2, quota=2 * TI),   # 2 replicas, spec says 1
+        Allocation(namespace="ml", name="ghost", uid="uid-ghost", replicas=1, quota=TI),
+    ])
+    fixed, repairs = repair(pool, status, claims_of(a, b))
+    assert {e.name: (e.replicas, e.quota) for e in fixed.allocations} == {"a": (1, 2 * TI), "b": (1, 2 * TI)}
+    assert len(repairs) == 3 and fixed.allocated == 4 * TI
+    smaller = csi_pool(3 * TI)
+    shrunk, repairs = repair(smaller, fixed, claims_of(a, b))
+    assert allocated(shrunk) <= 3 * TI and all(e.quota >= TI for e in shrunk.allocations)
+    assert "exceeded capacity" in repairs[0]
+    assert repair(smaller, shrunk, claims_of(a, b)) == (shrunk, []), "a healthy ledger is left alone"
+
+
+def test_repair_leaves_entries_of_unparseable_deployments_alone():
+    pool = csi_pool(4 * TI)
+    status = KVPoolStatus(allocations=[Allocation(namespace="ml", name="x", uid="uid-x", replicas=1, quota=TI)])
+    assert repair(pool, status, {"uid-x": None}) == (status, [])
 
 
 operations = st.lists(

@@ -80,6 +80,12 @@ the embedded API server's request log of the whole e2e suite, both ways.
 - apiGroups: ["storage.k8s.io"]
   resources: ["storageclasses"]
   verbs: ["get"]
+# Whether the operator's own namespace exists: released volumes are wiped there, and a pool says so when it
+# is missing (deletion then goes ahead instead of retrying 404s forever).
+- apiGroups: [""]
+  resources: ["namespaces"]
+  resourceNames: [{{ .Release.Namespace | quote }}]
+  verbs: ["get"]
 {{- if .Values.watchNamespaces }}
 # kopf lists and watches namespaces when it serves named ones (it notices them appear and go).
 - apiGroups: [""]

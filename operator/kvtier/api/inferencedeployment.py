@@ -17,7 +17,7 @@ from kvtier.api.common import (
 )
 from kvtier.api.errors import FieldProblem
 from kvtier.api.rules import Rule, cel_literal, cel_rules
-from kvtier.api.units import KUBERNETES_QUANTITY_PATTERN, Duration, Quantity
+from kvtier.api.units import MAX_QUANTITY_LENGTH, RESOURCE_QUANTITY_PATTERN, Duration, Quantity, quantity_value
 
 #: StatefulSet pods carry a `controller-revision-hash` label of `<name>-<10 chars>`, at most 63 characters.
 MAX_NAME_LENGTH = 52
@@ -54,18 +54,33 @@ OWNED_ENV = "PYTHONHASHSEED"
 #: In-process mode renders LMCache's config file; LMCACHE_* variables would silently override it.
 IN_PROCESS_OWNED_ENV_PREFIX = "LMCACHE_"
 
+_NEGATIVE_RESOURCE = "must be a non-negative quantity such as 16, 500m or 64Gi"
+
+
 def _check_resource_quantity(value: int | str) -> int | str:
-    if isinstance(value, str) and not re.match(KUBERNETES_QUANTITY_PATTERN, value):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity such as 16, 500m or 64Gi")
+    if isinstance(value, int) and value < 0:
+        raise ValueError(_NEGATIVE_RESOURCE)
+    if isinstance(value, str) and len(value) > MAX_QUANTITY_LENGTH:
+        raise ValueError(f"may not be more than {MAX_QUANTITY_LENGTH} bytes")
+    if isinstance(value, str) and not re.match(RESOURCE_QUANTITY_PATTERN, value):
+        raise ValueError(f"{value!r} is not a non-negative Kubernetes quantity such as 16, 500m or 64Gi")
+    if isinstance(value, str):
+        quantity_value(value)  # in range (an exponent such as 1e99999999999 is not)
     return value
 
 
-#: Any Kubernetes resource quantity (`500m` CPU, `64Gi` memory), kept as written.
+#: A non-negative Kubernetes resource quantity (`500m` CPU, `64Gi` memory), kept as written. The pattern
+#: checks strings; the CEL rule checks integers too (a pattern does not apply to them).
 ResourceQuantity = Annotated[
     int | str,
     AfterValidator(_check_resource_quantity),
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": KUBERNETES_QUANTITY_PATTERN}),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": RESOURCE_QUANTITY_PATTERN,
+                    "maxLength": MAX_QUANTITY_LENGTH,
+                    **cel_rules(Rule(f"string(self).matches({cel_literal(RESOURCE_QUANTITY_PATTERN)}) && "
+                                     f"isQuantity(string(self))", _NEGATIVE_RESOURCE))}),
 ]
+#: Most resource names in `engine.resources.requests` / `limits` (bounds the CEL rules' cost).
+MAX_RESOURCE_NAMES = 32
 
 
 class Architecture(KubeModel):
@@ -88,7 +103,7 @@ class ModelSpec(KubeModel):
     """Model to serve: a Hugging Face id or a path inside the image or a mounted volume."""
     served_name: str | None = Field(default=None, min_length=1, max_length=253)
     """Name clients use in requests (default: `name`)."""
-    kv_bytes_per_token: int | None = Field(default=None, ge=1)
+    kv_bytes_per_token: int | None = Field(default=None, ge=1, le=2**32)
     """KV cache bytes per token over all layers (alternative to `architecture`)."""
     architecture: Architecture | None = None
 
@@ -126,8 +141,10 @@ class EnvVar(KubeModel):
 
 
 class ResourceRequirements(KubeModel):
-    requests: dict[str, ResourceQuantity] = Field(default_factory=dict)
-    limits: dict[str, ResourceQuantity] = Field(default_factory=dict)
+    requests: dict[str, ResourceQuantity] = Field(default_factory=dict, max_length=MAX_RESOURCE_NAMES)
+    """Resources the engine container requests (`cpu`, `memory`, ...); never negative."""
+    limits: dict[str, ResourceQuantity] = Field(default_factory=dict, max_length=MAX_RESOURCE_NAMES)
+    """Limits of the engine container; never negative."""
 
 
 class Toleration(KubeModel):
@@ -138,6 +155,13 @@ class Toleration(KubeModel):
     toleration_seconds: int | None = None
 
 
+#: Longest single `engine.args` entry (bounds the cost of the CEL rules that scan args).
+MAX_ARG_LENGTH = 4096
+#: Most replicas one InferenceDeployment may ask for (the CRD's maximum). Below it, replicas the cluster's
+#: nodes cannot hold at all are refused with a `DoesNotFit` condition before any pod is created.
+MAX_REPLICAS = 1024
+
+
 class EngineSpec(KubeModel):
     image: str = Field(min_length=1, max_length=1024)
     """vLLM image, e.g. `vllm/vllm-openai:v0.33.0`."""
@@ -145,8 +169,8 @@ class EngineSpec(KubeModel):
     """GPUs per replica (`--tensor-parallel-size`); every rank of a replica runs on one node."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     """Fraction of each GPU's memory vLLM may use for weights, activations and the HBM KV cache."""
-    max_model_len: int | None = Field(default=None, ge=1)
-    args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=64)
+    max_model_len: int | None = Field(default=None, ge=1, le=2**24)
+    args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(default_factory=list, max_length=64)
     """Extra `vllm serve` arguments, appended after the operator's own (which they must not repeat). Bounded
     (64 of at most 4096 characters) so the CEL rules over them fit a real API server's cost budget."""
     env: list[EnvVar] = Field(default_factory=list, max_length=256)
@@ -312,7 +336,8 @@ _NO_CONNECTOR = "has(self.kvCache) && has(self.kvCache.mode) && self.kvCache.mod
 
 class InferenceDeploymentSpec(KubeModel):
     model: ModelSpec
-    replicas: int = Field(default=1, ge=0, le=10000)
+    replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
+    """Replicas to run (at most 1024); more than the nodes can hold at once is reported as DoesNotFit."""
     engine: EngineSpec
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec)
     slo: SLOSpec | None = None

@@ -21,7 +21,8 @@ from kvtier.api.units import Duration, Quantity
 
 #: NVMe Qualified Name: `nqn.<yyyy-mm>.<reverse domain>[:<anything>]`, at most 223 bytes (NVMe base spec 4.5).
 NQN_PATTERN = r"^nqn\.[0-9]{4}-(0[1-9]|1[0-2])\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*(:.+)?$"
-UUID_PATTERN = r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+#: Lowercase, as Kubernetes writes identifiers: so the API server's list-map key check finds duplicates too.
+UUID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 HOST_PATTERN = r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$"
 
 NQN = Field(max_length=223, pattern=NQN_PATTERN)
@@ -42,7 +43,8 @@ class NVMeoFNamespace(KubeModel):
     nqn: str = NQN
     """NQN of the subsystem that exports the namespace (one subsystem per namespace is the safe layout)."""
     uuid: str = Field(pattern=UUID_PATTERN, max_length=36)
-    """Namespace UUID; becomes the PersistentVolume's volumeHandle and deviceUUID."""
+    """Namespace UUID, in lowercase (`nvme id-ns` prints it so); becomes the PersistentVolume's volumeHandle and
+    deviceUUID. Unique within the pool."""
     size: Quantity
     """Usable bytes of the namespace; caps the storage quota of the replica bound to it."""
 
@@ -57,9 +59,9 @@ class NVMeoFAuth(KubeModel):
 class NVMeoFConnect(KubeModel):
     """Host connect options (`nvme connect`); applied only by drivers that accept them."""
 
-    ctrl_loss_tmo: int | None = Field(default=None, ge=-1)
+    ctrl_loss_tmo: int | None = Field(default=None, ge=-1, le=2**31 - 1)
     """Seconds to keep retrying a lost controller (`-l`; -1 retries forever; kernel default 600)."""
-    reconnect_delay: int | None = Field(default=None, ge=1)
+    reconnect_delay: int | None = Field(default=None, ge=1, le=2**31 - 1)
     """Seconds between reconnect attempts (`-c`; kernel default 10)."""
     nr_io_queues: int | None = Field(default=None, ge=1, le=1024, alias="nrIOQueues")
     """Number of I/O queues (`-i`)."""
@@ -167,10 +169,10 @@ class RebalanceSpec(KubeModel):
     """How often a new division is computed (at least 1s)."""
     cooldown: Duration = Field(default="5m", validate_default=True)
     """Least time between two moves of the same pool."""
-    min_gain: float = Field(default=0.01, ge=0)
-    """Least predicted relative improvement of the pool's objective that justifies a move (0.01 = 1%)."""
+    min_gain: float = Field(default=0.01, ge=0, le=1)
+    """Least predicted relative improvement of the pool's objective that justifies a move (0.01 = 1%; 0 to 1)."""
     max_step: float = Field(default=0.25, gt=0, le=1)
-    """Largest fraction of the pool's capacity moved in one round."""
+    """Largest fraction of the pool's capacity moved in one round (above 0, at most 1)."""
     dry_run: bool = False
     """Compute and report moves (Events, status.lastRebalance) without applying them."""
 
@@ -283,6 +285,8 @@ class WaitingDeployment(KubeModel):
     since: Timestamp
     needs: Quantity
     """Bytes it needs at its minimum: `min` x replicas."""
+    passed_over: int = Field(default=0, ge=0)
+    """Newer deployments admitted ahead of it because it did not fit the free capacity (bounded)."""
 
 
 class KVPoolStatus(KubeModel):

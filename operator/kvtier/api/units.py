@@ -32,10 +32,20 @@ _DECIMAL = {
 KUBERNETES_QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
+#: A resource request or limit: any quantity but a negative one (the API server refuses those in a pod).
+RESOURCE_QUANTITY_PATTERN = (
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+#: Longest quantity string accepted (bounds the cost of the CEL rules that read quantities).
+MAX_QUANTITY_LENGTH = 64
 _KUBERNETES_QUANTITY_RE = re.compile(
     r"^(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
     r"(?:(?P<binary>[KMGTPE]i)|(?P<decimal>[numkMGTPE])|[eE](?P<exponent>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)))?$"
 )
+
+
+#: Exponents beyond this are out of any quantity's range (and would overflow Decimal's context).
+_MAX_EXPONENT = 1000
 
 
 def quantity_value(text: str) -> Decimal:
@@ -49,7 +59,10 @@ def quantity_value(text: str) -> Decimal:
     if match["decimal"]:
         return number * _DECIMAL[match["decimal"]]
     if match["exponent"]:
-        return number * Decimal(10) ** Decimal(match["exponent"])
+        exponent = Decimal(match["exponent"])
+        if abs(exponent) > _MAX_EXPONENT:  # resource.Quantity refuses these too, rather than overflow
+            raise ValueError(f"{text!r} is out of range for a Kubernetes quantity")
+        return number * Decimal(10) ** exponent
     return number
 
 
@@ -78,6 +91,8 @@ def parse_quantity(value: Any) -> int:
         return math.ceil(value)
     if not isinstance(value, str):
         raise ValueError(f"must be a quantity such as 500Gi or 12500000000, got {type(value).__name__}")
+    if len(value) > MAX_QUANTITY_LENGTH:
+        raise ValueError(f"may not be more than {MAX_QUANTITY_LENGTH} bytes")
     if not _QUANTITY_RE.match(value.strip()):
         raise ValueError(f"{value!r} is not a non-negative quantity such as 500Gi, 1.5Ti or 12500000000")
     return math.ceil(quantity_value(value))
@@ -145,7 +160,7 @@ Quantity = Annotated[
             "x-kubernetes-int-or-string": True,
             # Bounds the CEL rule's estimated cost: a real API server refuses a CRD whose rules could exceed
             # its budget, and these quantities sit in lists (pool namespaces, the ledger).
-            "maxLength": 64,
+            "maxLength": MAX_QUANTITY_LENGTH,
             **cel_rules(
                 Rule(
                     f"string(self).matches({cel_literal(QUANTITY_PATTERN)})",

@@ -13,7 +13,6 @@ gives them back to its pool, which wipes or retains them (`controllers.reclaim`)
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -24,7 +23,7 @@ from kvtier.api.kvpool import KVPool, KVPoolStatus
 from kvtier.api.units import format_quantity
 from kvtier.controllers.conditions import set_condition
 from kvtier.controllers.events import post_transitions
-from kvtier.controllers.kvpools import PoolGone, update_pool_status
+from kvtier.controllers.kvpools import PoolGone, created_at, update_pool_status
 from kvtier.controllers.reclaim import release_volume
 from kvtier.controllers.runtime import FIELD_MANAGER, InvalidSpec, OperatorConfig, api_errors, measured, parse
 from kvtier.controllers.volumes import claims_of, expand_claims, keep_claim_templates, volume_size
@@ -101,10 +100,6 @@ class Pass:
         await post_transitions(kube, self.body, self.before, self.conditions)
 
 
-def _created(body: kopf.Body) -> datetime:
-    return datetime.fromisoformat(body.metadata["creationTimestamp"].replace("Z", "+00:00"))
-
-
 async def claim_storage(kube: KubeClient, deployment: InferenceDeployment, body: kopf.Body, step: Pass
                         ) -> tuple[KVPool, Decision]:
     """Admit the deployment into its pool's ledger (compare-and-swap on the pool's status)."""
@@ -114,7 +109,7 @@ async def claim_storage(kube: KubeClient, deployment: InferenceDeployment, body:
 
     def change(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
         nonlocal decision
-        decision = admit(pool, status, Claim.of(deployment, _created(body)))
+        decision = admit(pool, status, Claim.of(deployment, created_at(body.metadata)))
         return decision.status
 
     try:
@@ -251,13 +246,18 @@ async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: Oper
         pool, decision = await claim_storage(kube, deployment, body, step)
         if decision.allocation is None:
             step.condition("StorageBound", "False", decision.reason, decision.message)
-            raise step.stop(decision.reason, decision.message, degraded=False)
+            # NeverFits is the spec's problem (degraded); waiting for capacity is not.
+            raise step.stop(decision.reason, decision.message, degraded=decision.reason == "NeverFits")
         allocation = decision.allocation
-        bound = "True" if allocation.replicas == deployment.spec.replicas else "False"
-        step.condition("StorageBound", bound, decision.reason if bound == "False" else "Bound", decision.message)
+        # Bound only when the ledger grants all of it; otherwise the reason says what it lacks.
+        if decision.reason == "Bound" and allocation.replicas == deployment.spec.replicas:
+            step.condition("StorageBound", "True", "Bound", decision.message)
+        else:
+            reason = decision.reason if decision.reason != "Bound" else "InsufficientCapacity"
+            step.condition("StorageBound", "False", reason, decision.message)
         binding = _binding(pool, decision, volume_size(claims, statefulset))
         rendered = deployment.model_copy(update={"spec": deployment.spec.model_copy(update={"replicas": allocation.replicas})})
-        quota = kv_volume(rendered, pool, binding, config.render.filesystem_reserve).quota  # capped by the volumes
+        quota = kv_volume(rendered, pool, binding).quota  # capped by the volumes
         step.status["kv"] = {"storage": {"quota": format_quantity(quota)}}
     reasons = check_fit(deployment, nodes, config.render, pool) if nodes else ["no nodes are known yet"]
     if reasons:

@@ -2,7 +2,8 @@
 
 Each pass first advances the reclaim of the static volumes deployments gave back
 (`kvtier.controllers.reclaim`), then writes the ledger: allocations of deployments that no longer
-exist are released (their namespaces to `reclaiming`), reclaimed namespaces are freed.
+exist are released (their namespaces to `reclaiming`), reclaimed namespaces are freed, and the ledger
+is repaired from the deployments that name the pool (`kvtier.storage.ledger.repair`).
 
 The ledger itself (`status.allocations`, `status.waiting`) is changed by whoever needs it —
 admission in the InferenceDeployment controller, the rebalancer — always through
@@ -12,20 +13,22 @@ admission in the InferenceDeployment controller, the rebalancer — always throu
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 import kopf
 
+from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool, KVPoolStatus
 from kvtier.api.units import format_quantity
 from kvtier.controllers.conditions import set_condition
-from kvtier.controllers.events import post_transitions
+from kvtier.controllers.events import post_event, post_transitions
 from kvtier.controllers.reclaim import reclaim_volumes
 from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, api_errors, measured, parse
 from kvtier.kube import KVPOOLS, APIError, KubeClient
 from kvtier.storage import NVMeoFBackend, backend_for
-from kvtier.storage.ledger import allocated, reclaimed, release
+from kvtier.storage.ledger import Claim, allocated, reclaimed, repair
 
 POOL = ("kvtier.io", "v1alpha1", "kvpools")
 DEPLOYMENTS = ("kvtier.io", "v1alpha1", "inferencedeployments")
@@ -62,8 +65,27 @@ async def update_pool_status(
     raise AssertionError("unreachable")
 
 
+def created_at(metadata: Any) -> datetime:
+    """An object's `creationTimestamp` (admission order)."""
+    return datetime.fromisoformat(str(metadata["creationTimestamp"]).replace("Z", "+00:00"))
+
+
+def _claims(deployments: Iterable[Any]) -> dict[str, Claim | None]:
+    """What each deployment naming the pool asks of it, by uid (None: its spec does not parse)."""
+    claims: dict[str, Claim | None] = {}
+    for body in deployments:
+        uid = body["metadata"].get("uid")
+        try:
+            deployment = parse(InferenceDeployment, body)
+        except InvalidSpec:
+            claims[uid] = None
+            continue
+        claims[uid] = Claim.of(deployment, created_at(body["metadata"])) if deployment.spec.kv_cache.storage else None
+    return claims
+
+
 def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None,
-                    reclaim_problems: Sequence[str] = ()) -> list[dict[str, Any]]:
+                    reclaim_problems: Sequence[str] = (), reclaim_reason: str = "WipeFailed") -> list[dict[str, Any]]:
     """Ready, OverCommitted and Degraded, from the spec, the ledger and the reclaim pass' problems."""
     conditions = [c.to_wire() for c in status.conditions]
     used = allocated(status)
@@ -87,7 +109,7 @@ def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None,
                                    f"{format_quantity(used)} of {format_quantity(pool.spec.capacity)} allocated",
                                    generation)
     if reclaim_problems:
-        conditions = set_condition(conditions, "Degraded", "True", "WipeFailed", "; ".join(problems), generation)
+        conditions = set_condition(conditions, "Degraded", "True", reclaim_reason, "; ".join(problems), generation)
     elif problems:
         conditions = set_condition(conditions, "Degraded", "True", "StorageLimitations", "; ".join(problems), generation)
     else:
@@ -128,15 +150,15 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         with api_errors():
             reclaim = await reclaim_volumes(memo.kube, pool, config.namespace, config.render.wipe_image)
 
+        claims = _claims(pool_deployments.get(body.metadata.name, ()))
+        repairs: list[str] = []
+
         def refresh(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
-            # Entries of deployments that no longer exist (deleted while the operator was down) or that
-            # name another pool now (a changed poolRef) are released.
-            here = {deployment["metadata"].get("uid") for deployment in pool_deployments.get(pool.metadata.name, ())}
-            for uid in {a.uid for a in status.allocations} | {w.uid for w in status.waiting}:
-                if uid not in here:
-                    status = release(pool, status, uid)
+            # The ledger repaired from the deployments that name the pool now (see `ledger.repair`).
+            status, found = repair(pool, status, claims)
+            repairs[:] = found
             status = reclaimed(pool, status, reclaim.freed).model_copy(update={"observed_generation": generation})
-            conditions = pool_conditions(pool, status, generation, reclaim.problems)
+            conditions = pool_conditions(pool, status, generation, reclaim.problems, reclaim.reason)
             return status.model_validate({**status.to_wire(), "conditions": conditions})
 
         before = list(body.get("status", {}).get("conditions", []))
@@ -146,6 +168,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             except PoolGone:
                 return
         await post_transitions(memo.kube, body, before, [c.to_wire() for c in status.conditions])
+        if repairs:
+            await post_event(memo.kube, body, "Warning", "LedgerRepaired",
+                             f"the ledger did not match the deployments using the pool; repaired: {'; '.join(repairs)}")
         metrics = getattr(memo, "metrics", None)
         if metrics is not None:
             metrics.pool_capacity.labels(pool=body.metadata.name).set(pool.spec.capacity)
@@ -170,12 +195,21 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                 return
         users = [f"{a.namespace}/{a.name}" for a in status.allocations] + [f"{w.namespace}/{w.name}" for w in status.waiting]
         if users:
+            reason = "InUse"
             message = f"deletion waits for {len(users)} InferenceDeployment(s) using the pool: {', '.join(users[:5])}"
-        elif status.reclaiming:
+        elif status.reclaiming and not reclaim.unwiped:
+            reason = "Reclaiming"
             message = "; ".join([f"deletion waits for {len(status.reclaiming)} released NVMe-oF namespace(s) to be "
                                  f"reclaimed (spec.volumeReclaim; Retain keeps them until their PersistentVolumes "
                                  f"are deleted)", *reclaim.problems])
         else:
+            # Nothing uses the pool. Volumes no wipe can start for stay Released, labelled with the pool: a pool
+            # of the same name wipes them before it binds them again, as `Retain` would keep them.
+            if reclaim.unwiped:
+                await post_event(memo.kube, body, "Warning", reclaim.reason,
+                                 f"KVPool {body.metadata.name} deleted without wiping {len(reclaim.unwiped)} released "
+                                 f"volume(s) ({', '.join(reclaim.unwiped[:5])}): {'; '.join(reclaim.problems)}; they "
+                                 f"stay Released until deleted, or wiped by a new pool of the same name")
             metrics = getattr(memo, "metrics", None)
             for family in (metrics.pool_capacity, metrics.pool_allocated) if metrics is not None else ():
                 with contextlib.suppress(KeyError):
@@ -183,6 +217,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             return
         conditions = set_condition(list(body.get("status", {}).get("conditions", [])), "Ready", "False",
                                    "Terminating", message, body.metadata.get("generation"))
+        conditions = set_condition(conditions, "Terminating", "True", reason, message, body.metadata.get("generation"))
         with api_errors():
             await memo.kube.patch(KVPOOLS, None, body.metadata.name, {"status": {"conditions": conditions}},
                                   subresource="status")

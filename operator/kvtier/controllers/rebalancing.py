@@ -105,7 +105,7 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
         return None
     pool = parse(KVPool, body)
     status = pool.status or KVPoolStatus()
-    members = _members(pool, status, deployments, config.render.filesystem_reserve)
+    members = _members(pool, status, deployments)
     if not members:
         return None
     unit = pool_unit(pool.spec.capacity)
@@ -172,8 +172,7 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
     return decision
 
 
-def _members(pool: KVPool, status: KVPoolStatus, deployments: Iterable[Mapping[str, Any]],
-             reserve: float) -> list[_Member]:
+def _members(pool: KVPool, status: KVPoolStatus, deployments: Iterable[Mapping[str, Any]]) -> list[_Member]:
     """The admitted deployments that take part in the round (not those being deleted or scaled to zero)."""
     members = []
     namespaces = {ns.uuid: ns for ns in pool.spec.storage.nvmeof.namespaces} if pool.spec.storage.nvmeof else {}
@@ -193,7 +192,7 @@ def _members(pool: KVPool, status: KVPoolStatus, deployments: Iterable[Mapping[s
         # InferenceDeployment controller applies when it sets the quota each resync).
         binding = StorageBinding(quota=storage.effective_max,
                                  namespaces=tuple(namespaces[u] for u in allocation.volumes if u in namespaces))
-        cap = kv_volume(deployment, pool, binding, reserve).quota
+        cap = kv_volume(deployment, pool, binding).quota
         members.append(_Member(allocation.uid, dict(body), deployment, allocation.replicas, allocation.quota, cap,
                                min(storage.request, cap)))
     return members

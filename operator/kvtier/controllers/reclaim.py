@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.api.kvpool import KVPool
-from kvtier.kube import JOBS, PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, APIError, KubeClient
+from kvtier.kube import JOBS, NAMESPACES, PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, APIError, KubeClient
 from kvtier.render.meta import DEPLOYMENT_LABEL, DEPLOYMENT_NAMESPACE_LABEL
 from kvtier.render.reclaim import RELEASED_LABEL, claim_ref, wipe_claim, wipe_job, wipe_name
 from kvtier.storage.base import POOL_LABEL
@@ -30,10 +30,14 @@ from kvtier.storage.nvmeof import persistent_volume_name
 
 @dataclass
 class Reclaim:
-    """What one pass found: namespaces free again, and wipes that failed."""
+    """What one pass found: namespaces free again, and wipes that failed or could not start."""
 
     freed: set[str] = field(default_factory=set)
     problems: list[str] = field(default_factory=list)
+    unwiped: list[str] = field(default_factory=list)
+    """Released PersistentVolumes no wipe could start for (the operator's namespace is missing)."""
+    reason: str = "WipeFailed"
+    """CamelCase cause of `problems`, for conditions."""
 
 
 async def release_volume(kube: KubeClient, volume: dict[str, Any]) -> None:
@@ -96,12 +100,21 @@ async def reclaim_volumes(kube: KubeClient, pool: KVPool, namespace: str, image:
     found = await kube.list(PERSISTENT_VOLUMES, label_selector=f"{POOL_LABEL}={name}")
     volumes = {v["metadata"]["name"]: v for v in found.get("items", [])}
     result = Reclaim()
+    released = [v for v in volumes.values()
+                if (v["metadata"].get("labels") or {}).get(RELEASED_LABEL) and not v["metadata"].get("deletionTimestamp")]
+    if pool.spec.volume_reclaim == "Wipe" and released and await kube.get_or_none(NAMESPACES, None, namespace) is None:
+        # Wipes run in the operator's namespace; without it they cannot start (and would fail with 404s forever).
+        result.unwiped = sorted(v["metadata"]["name"] for v in released)
+        result.reason = "OperatorNamespaceMissing"
+        result.problems.append(f"the operator's namespace {namespace} does not exist, so {len(released)} released "
+                               f"volume(s) cannot be wiped (wipe Jobs run there): create it (kubectl create namespace "
+                               f"{namespace}) or set spec.volumeReclaim: Retain")
+        released = []
     if pool.spec.volume_reclaim == "Wipe":
-        for volume in volumes.values():
-            if (volume["metadata"].get("labels") or {}).get(RELEASED_LABEL) and not volume["metadata"].get("deletionTimestamp"):
-                problem = await _wipe(kube, volume, namespace, image)
-                if problem:
-                    result.problems.append(problem)
+        for volume in released:
+            problem = await _wipe(kube, volume, namespace, image)
+            if problem:
+                result.problems.append(problem)
         found = await kube.list(PERSISTENT_VOLUMES, label_selector=f"{POOL_LABEL}={name}")
         volumes = {v["metadata"]["name"]: v for v in found.get("items", [])}
     reclaiming = pool.status.reclaiming if pool.status else []

@@ -42,8 +42,6 @@ class RenderOptions:
     """Memory of the LMCache MP server beyond its L1 (CUDA context, Python, raw-block metadata, I/O buffers)."""
     lmcache_cpu: str = "4"
     """CPU request of the LMCache MP server (hashing, eviction, L2 I/O submission)."""
-    filesystem_reserve: float = 0.05
-    """Fraction of a Filesystem volume left free for the filesystem's own metadata and reserved blocks."""
     startup_seconds: int = 3600
     """How long vLLM may take to load its model before the startup probe gives up."""
     runtime_class_name: str | None = None

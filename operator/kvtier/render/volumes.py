@@ -17,18 +17,7 @@ from kvtier.api.kvpool import KVPool, NVMeoFNamespace
 from kvtier.render.errors import InsufficientCapacity
 from kvtier.render.meta import cluster_labels, name_of, namespace_of
 from kvtier.storage import Attachment, HostPathBackend, NVMeoFBackend, StorageBackend, backend_for, claim_name
-
-#: Device I/O alignment of LMCache's raw-block tiers (`block_align`, 4096).
-BLOCK_ALIGN = 4096
-
-
-def align_up(value: int, alignment: int = BLOCK_ALIGN) -> int:
-    return -(-value // alignment) * alignment
-
-
-def align_down(value: int, alignment: int = BLOCK_ALIGN) -> int:
-    return value // alignment * alignment
-
+from kvtier.storage.base import BLOCK_ALIGN, align_down, align_up  # noqa: F401 - render's alignment is storage's
 
 @dataclass(frozen=True)
 class StorageBinding:
@@ -70,8 +59,6 @@ class KVVolume:
     binding: StorageBinding
     size: int
     """Bytes of each replica's volume: its claim's request, or less when the existing volumes are smaller."""
-    reserve: float
-    """Fraction of a Filesystem volume left to the filesystem (`RenderOptions.filesystem_reserve`)."""
 
     @property
     def attachment(self) -> Attachment:
@@ -84,10 +71,8 @@ class KVVolume:
 
     @property
     def usable_bytes(self) -> int:
-        """Bytes LMCache may put on the volume: all of a device, a filesystem less its reserve."""
-        if self.attachment.volume_mode == "Block":
-            return align_down(self.size)
-        return align_down(int(self.size * (1 - self.reserve)))
+        """Bytes LMCache may put on the volume (`kvtier.storage.base.usable_bytes`)."""
+        return self.backend.usable_bytes(self.size)
 
     @property
     def quota(self) -> int:
@@ -95,9 +80,7 @@ class KVVolume:
         return align_down(min(self.binding.quota, self.usable_bytes))
 
 
-def kv_volume(
-    deployment: InferenceDeployment, pool: KVPool, binding: StorageBinding | None, reserve: float
-) -> KVVolume:
+def kv_volume(deployment: InferenceDeployment, pool: KVPool, binding: StorageBinding | None) -> KVVolume:
     backend = backend_for(pool)
     binding = binding or default_binding(deployment, pool)
     size = backend.volume_size(deployment)
@@ -106,7 +89,6 @@ def kv_volume(
         backend=backend,
         binding=binding,
         size=size if binding.volume_size is None else min(size, binding.volume_size),
-        reserve=reserve,
     )
 
 

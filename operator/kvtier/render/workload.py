@@ -143,7 +143,7 @@ def pod_plan(
     """
     volume: KVVolume | None = None
     if pool is not None and deployment.spec.kv_cache.storage is not None:
-        volume = kv_volume(deployment, pool, binding, options.filesystem_reserve)
+        volume = kv_volume(deployment, pool, binding)
     lmcache.check_supported(deployment, volume)
     return PodPlan(deployment, volume, options)
 

@@ -9,6 +9,7 @@ the pod sees a block device or a directory; the renderer asks them, and cares ab
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,6 +19,37 @@ from kvtier.api.kvpool import KVPool
 from kvtier.api.units import format_quantity
 
 CLAIM_NAME = "kv-store"
+#: Device I/O alignment of LMCache's raw-block tiers (`block_align`); quotas and usable sizes are multiples.
+BLOCK_ALIGN = 4096
+#: Fraction of a Filesystem volume left to the filesystem itself (metadata, reserved blocks); LMCache's
+#: pre-sized file never uses it. Volumes are sized up by it, so the quota (up to `max`) always fits.
+FILESYSTEM_RESERVE = 0.05
+
+
+def align_up(value: int, alignment: int = BLOCK_ALIGN) -> int:
+    return -(-value // alignment) * alignment
+
+
+def align_down(value: int, alignment: int = BLOCK_ALIGN) -> int:
+    return value // alignment * alignment
+
+
+def usable_bytes(size: int, volume_mode: Literal["Block", "Filesystem"]) -> int:
+    """The one definition of what LMCache may put on a volume of `size` bytes: all of a device,
+    a filesystem less its reserve; block-aligned."""
+    if volume_mode == "Block":
+        return align_down(size)
+    return align_down(int(size * (1 - FILESYSTEM_RESERVE)))
+
+
+def volume_bytes(usable: int, volume_mode: Literal["Block", "Filesystem"]) -> int:
+    """The smallest volume whose usable bytes hold `usable` (a Filesystem volume is sized up by the reserve)."""
+    if volume_mode == "Block":
+        return usable
+    size = align_up(math.ceil(usable / (1 - FILESYSTEM_RESERVE)))
+    while usable_bytes(size, volume_mode) < usable:
+        size += BLOCK_ALIGN
+    return size
 #: Where a Block volume appears inside the `lmcache` container.
 DEVICE_PATH = "/dev/kvtier/kv-store"
 #: Where a Filesystem volume is mounted inside the containers that use it.
@@ -73,10 +105,14 @@ class StorageBackend(ABC):
         """StorageClass of the claim template (`""` binds only to PersistentVolumes kvtier made)."""
 
     def volume_size(self, deployment: InferenceDeployment) -> int:
-        """Bytes each replica's volume is requested at: its quota ceiling (`max`)."""
+        """Bytes each replica's volume is requested at: enough for its quota ceiling (`max`) to be usable."""
         storage = deployment.spec.kv_cache.storage
         assert storage is not None, "only deployments with a storage tier get a volume"
-        return storage.effective_max
+        return volume_bytes(storage.effective_max, self.attachment.volume_mode)
+
+    def usable_bytes(self, size: int) -> int:
+        """What LMCache may use of one of this backend's volumes of `size` bytes."""
+        return usable_bytes(size, self.attachment.volume_mode)
 
     def claim_template(self, deployment: InferenceDeployment, labels: dict[str, str]) -> dict[str, Any]:
         """The StatefulSet's `volumeClaimTemplates` entry."""

@@ -8,9 +8,17 @@ crash at any point the sum of the quotas is still within `capacity`, and what ac
 most what the ledger says.
 
 Admission rules:
+- a deployment that can never fit (`min` x replicas above the pool's capacity, or, in a static pool,
+  fewer namespaces of at least `min` in the whole inventory than it has replicas) is refused with
+  `NeverFits` and takes no place in the queue, so it blocks nobody;
 - a new deployment gets `request` per replica, or less if the pool is short, but never less than
   `min`; if even `min` x replicas does not fit, nothing is allocated and it waits;
-- waiting deployments are admitted oldest first: a newer one never overtakes an older one;
+- waiting deployments are admitted oldest first, with one exception that keeps a large waiter from
+  stalling the pool: a newer deployment that fits the free capacity is admitted ahead of older waiters
+  that do not fit it, and each older waiter passed over that way counts it (`passedOver`); once a
+  waiter has been passed over `MAX_PASS_OVER` times nobody overtakes it any more, so it waits behind
+  no more than `MAX_PASS_OVER` newer deployments and then gets the next capacity that frees up
+  (the rebalancer also keeps what waiters need at their minimum out of its division);
 - static NVMe-oF pools also bind one free namespace per replica, best fit (the smallest that
   holds the quota), and a bound namespace's size caps that replica's quota;
 - scaling keeps the quota and the namespaces of the ordinals that remain; growth that does not
@@ -25,15 +33,20 @@ with the previous tenant's KV data on it, whatever crashes in between.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import Allocation, KVPool, KVPoolStatus, NVMeoFNamespace, WaitingDeployment
 from kvtier.api.units import format_quantity
+from kvtier.storage.base import BLOCK_ALIGN, align_down
 
-#: Quotas are whole 4 KiB blocks (LMCache's raw-block alignment).
-QUOTA_ALIGN = 4096
+#: Quotas are whole blocks of LMCache's raw-block alignment.
+QUOTA_ALIGN = BLOCK_ALIGN
+
+#: How many newer deployments may be admitted ahead of an older waiter that does not fit (see above).
+MAX_PASS_OVER = 3
 
 
 @dataclass(frozen=True)
@@ -76,7 +89,7 @@ class Decision:
 
 
 def _align(value: int) -> int:
-    return value // QUOTA_ALIGN * QUOTA_ALIGN
+    return align_down(value, QUOTA_ALIGN)
 
 
 def allocated(status: KVPoolStatus) -> int:
@@ -127,22 +140,56 @@ def _namespaces(pool: KVPool) -> dict[str, NVMeoFNamespace]:
     return {ns.uuid: ns for ns in nvmeof.namespaces} if nvmeof is not None else {}
 
 
+def never_fits(pool: KVPool, claim: Claim) -> str | None:
+    """Why `claim` can never be admitted to `pool`, whatever else is released (None: it can, some day)."""
+    if not claim.replicas:
+        return None
+    needs = claim.min * claim.replicas
+    if needs > pool.spec.capacity:
+        return (f"needs at least min x replicas = {format_quantity(claim.min)} x {claim.replicas} = "
+                f"{format_quantity(needs)}, more than KVPool {pool.metadata.name}'s whole capacity "
+                f"{format_quantity(pool.spec.capacity)}; lower spec.replicas or spec.kvCache.storage.min")
+    inventory = _namespaces(pool)
+    if inventory:
+        large = sum(1 for ns in inventory.values() if ns.size >= max(claim.min, 1))
+        if large < claim.replicas:
+            return (f"needs one NVMe-oF namespace of at least {format_quantity(claim.min)} per replica "
+                    f"({claim.replicas}); KVPool {pool.metadata.name} has {large} in all")
+    return None
+
+
 def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Decision:
-    """Grant, resize or queue `claim`; never lets the ledger exceed `capacity`."""
+    """Grant, resize or queue `claim`; never lets the ledger exceed `capacity`. Linear in the ledger's size."""
+    key = (claim.namespace, claim.name)
     # Entries of an earlier object with the same name (deleted and recreated) are stale.
-    others = [a for a in status.allocations if a.uid != claim.uid and (a.namespace, a.name) != (claim.namespace, claim.name)]
-    stale = [uuid for a in status.allocations if a.uid != claim.uid and a not in others for uuid in a.volumes]
+    others = [a for a in status.allocations if a.uid != claim.uid and (a.namespace, a.name) != key]
+    other_uids = {a.uid for a in others}
+    stale = [uuid for a in status.allocations if a.uid != claim.uid and a.uid not in other_uids for uuid in a.volumes]
     existing = next((a for a in status.allocations if a.uid == claim.uid), None)
-    queue = [w for w in status.waiting if w.uid != claim.uid and (w.namespace, w.name) != (claim.namespace, claim.name)]
+    queue = [w for w in status.waiting if w.uid != claim.uid and (w.namespace, w.name) != key]
     free = pool.spec.capacity - sum(a.allocated for a in others)
 
+    impossible = never_fits(pool, claim)
+    if impossible is not None:
+        message = f"{claim.name} {impossible}"
+        if existing is not None:  # keeps what it was admitted with; the growth is what never fits
+            return Decision(summarise(pool, status), existing, "NeverFits", message)
+        new = summarise(pool, status.model_copy(update={"allocations": others, "waiting": queue,
+                                                        "reclaiming": _reclaim(status, stale)}))
+        return Decision(new, None, "NeverFits", message)
+
+    passed: list[WaitingDeployment] = []
     if existing is None:
         ahead = [w for w in queue if (w.since, w.namespace, w.name) < (claim.created, claim.namespace, claim.name)]
-        if ahead:
-            first = ahead[0]
+        blocking = [w for w in ahead if w.needs <= free or w.passed_over >= MAX_PASS_OVER]
+        needs = claim.min * claim.replicas
+        if blocking or (ahead and needs > free):
+            first = (blocking or ahead)[0]
             return _wait(pool, status, others, queue, claim, "Queued",
                          f"waiting behind {len(ahead)} earlier deployment(s) for KVPool {pool.metadata.name}, "
-                         f"first {first.namespace}/{first.name}")
+                         f"first {first.namespace}/{first.name} (needs {format_quantity(first.needs)}, "
+                         f"{format_quantity(max(free, 0))} available)")
+        passed = ahead  # none of them fits the free capacity: this one goes first, and they count it
         wanted = claim.request
     else:
         wanted = min(max(existing.quota, claim.min), claim.max)
@@ -176,31 +223,129 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Decision:
                             quota=quota, volumes=volumes)
     dropped = [uuid for uuid in (existing.volumes if existing else []) if uuid not in volumes]
     # An admitted deployment keeps its place in the list: an unchanged entry leaves the status unchanged.
-    kept = {a.uid for a in others} | {claim.uid}
-    allocations = [allocation if a.uid == claim.uid else a for a in status.allocations if a.uid in kept]
+    kept_uids = other_uids | {claim.uid}
+    allocations = [allocation if a.uid == claim.uid else a for a in status.allocations if a.uid in kept_uids]
     if existing is None:
         allocations.append(allocation)
+    overtaken = {w.uid for w in passed}
+    queue = [w.model_copy(update={"passed_over": w.passed_over + 1}) if w.uid in overtaken else w for w in queue]
     new = summarise(pool, status.model_copy(update={"allocations": allocations, "waiting": queue,
                                                     "reclaiming": _reclaim(status, stale + dropped)}))
+    ahead_note = f" (admitted ahead of {len(passed)} earlier deployment(s) that do not fit yet)" if passed else ""
     return Decision(new, allocation, "Bound",
-                    f"{format_quantity(quota)} per replica x {claim.replicas} from KVPool {pool.metadata.name}")
+                    f"{format_quantity(quota)} per replica x {claim.replicas} from KVPool {pool.metadata.name}"
+                    f"{ahead_note}")
+
+
+def repair(pool: KVPool, status: KVPoolStatus, claims: Mapping[str, Claim | None]) -> tuple[KVPoolStatus, list[str]]:
+    """The ledger corrected from the cluster's truth (`claims`: every deployment naming the pool, by uid;
+    None for one whose spec does not parse, whose entry is left as it is),
+    and what was repaired, in words. Run on every pool resync, so a damaged or stale status heals:
+
+    - entries and waiters of deployments that are gone (or name another pool now) are released;
+    - an entry for more replicas than its deployment has now keeps the first ones (scale-down);
+    - a quota above `max` is lowered to it;
+    - a quota below `min` is raised to it, from free capacity and then by shrinking other entries
+      towards their own `min` (never below), the ones furthest above it first;
+    - entries summing above `capacity` (capacity lowered) are shrunk towards their `min` the same way.
+
+    Growth (more replicas, a raised request) stays admission's job (`admit`); what cannot be repaired
+    within the others' bounds stays, and the pool's OverCommitted condition or the deployment's
+    BelowMinimum reason says so.
+    """
+    repairs: list[str] = []
+    gone = {e.uid: e for e in [*status.allocations, *status.waiting] if e.uid not in claims}
+    for uid, entry in gone.items():
+        repairs.append(f"released {entry.namespace}/{entry.name}: the deployment is gone or names another pool")
+        status = release(pool, status, uid)
+    known = {uid: claim for uid, claim in claims.items() if claim is not None}
+    entries: list[Allocation] = []
+    dropped: list[str] = []
+    for entry in status.allocations:
+        claim = known.get(entry.uid)
+        who = f"{entry.namespace}/{entry.name}"
+        if claim is not None and entry.replicas > claim.replicas:
+            repairs.append(f"{who}: {entry.replicas} -> {claim.replicas} replicas (scaled down)")
+            dropped += entry.volumes[claim.replicas:]
+            entry = entry.model_copy(update={"replicas": claim.replicas, "volumes": entry.volumes[: claim.replicas]})
+        if claim is not None and entry.quota > claim.max:
+            repairs.append(f"{who}: quota {format_quantity(entry.quota)} -> {format_quantity(claim.max)} (above max)")
+            entry = entry.model_copy(update={"quota": claim.max})
+        entries.append(entry)
+
+    def floor(entry: Allocation) -> int:
+        """Least quota the entry may be shrunk to: its min (its current quota when its spec is unreadable)."""
+        claim = known.get(entry.uid)
+        return claim.min if claim is not None else entry.quota
+
+    def shrink(target: int, keep: str | None) -> list[Allocation]:
+        """Entries with up to `target` bytes taken from those above their min (`keep` is left alone)."""
+        nonlocal entries
+        result = list(entries)
+        order = sorted(range(len(result)), key=lambda i: -(result[i].quota - floor(result[i])))
+        for index in order:
+            if target <= 0:
+                break
+            entry = result[index]
+            if entry.uid == keep or not entry.replicas:
+                continue
+            spare = entry.quota - floor(entry)
+            if spare <= 0:
+                continue
+            per_replica = min(spare, -(-target // entry.replicas))
+            new_quota = max(_align(entry.quota - per_replica), floor(entry))
+            target -= (entry.quota - new_quota) * entry.replicas
+            result[index] = entry.model_copy(update={"quota": new_quota})
+        return result
+
+    for position, entry in enumerate(entries):
+        claim = known.get(entry.uid)
+        if claim is None or not entry.replicas or entry.quota >= claim.min:
+            continue
+        missing = (claim.min - entry.quota) * entry.replicas
+        free = pool.spec.capacity - sum(a.allocated for a in entries)
+        trial = shrink(missing - max(free, 0), keep=entry.uid) if missing > free else list(entries)
+        trial[position] = entry.model_copy(update={"quota": claim.min})
+        if sum(a.allocated for a in trial) <= pool.spec.capacity:
+            moved = [f"{a.namespace}/{a.name} {format_quantity(b.quota)} -> {format_quantity(a.quota)}"
+                     for a, b in zip(trial, entries) if a.quota != b.quota and a.uid != entry.uid]
+            repairs.append(f"{entry.namespace}/{entry.name}: quota {format_quantity(entry.quota)} -> "
+                           f"{format_quantity(claim.min)} (below min)" + (f", taking from {', '.join(moved)}" if moved else ""))
+            entries = trial
+    excess = sum(a.allocated for a in entries) - pool.spec.capacity
+    if excess > 0:
+        trial = shrink(excess, keep=None)
+        moved = [f"{a.namespace}/{a.name} {format_quantity(b.quota)} -> {format_quantity(a.quota)}"
+                 for a, b in zip(trial, entries) if a.quota != b.quota]
+        if moved:
+            repairs.append(f"allocations exceeded capacity {format_quantity(pool.spec.capacity)}: {', '.join(moved)}")
+            entries = trial
+    if not repairs:
+        return status, []
+    return summarise(pool, status.model_copy(update={"allocations": entries,
+                                                     "reclaiming": _reclaim(status, dropped)})), repairs
 
 
 def _refuse(pool: KVPool, status: KVPoolStatus, others: list[Allocation], queue: list[WaitingDeployment],
             existing: Allocation | None, claim: Claim, message: str) -> Decision:
-    """No change for an admitted deployment (it keeps what it has); a new one joins the queue."""
+    """No change for an admitted deployment (it keeps what it has, and the reason says what it lacks);
+    a new one joins the queue."""
     if existing is not None:
-        return Decision(summarise(pool, status), existing, "InsufficientCapacity", message)
+        held = (f"; it keeps {format_quantity(existing.quota)} per replica x {existing.replicas} meanwhile"
+                if existing.replicas else "")
+        reason = "BelowMinimum" if existing.quota < claim.min else "InsufficientCapacity"
+        return Decision(summarise(pool, status), existing, reason, message + held)
     return _wait(pool, status, others, queue, claim, "InsufficientCapacity", message)
 
 
 def _wait(pool: KVPool, status: KVPoolStatus, others: list[Allocation], queue: list[WaitingDeployment],
           claim: Claim, reason: str, message: str) -> Decision:
+    earlier = next((w for w in status.waiting if w.uid == claim.uid), None)
     entry = WaitingDeployment(namespace=claim.namespace, name=claim.name, uid=claim.uid, since=claim.created,
-                              needs=claim.min * claim.replicas)
+                              needs=claim.min * claim.replicas, passed_over=earlier.passed_over if earlier else 0)
     waiting = sorted([*queue, entry], key=lambda w: (w.since, w.namespace, w.name))
-    stale = [uuid for a in status.allocations if a not in others for uuid in a.volumes]
+    other_uids = {a.uid for a in others}
+    stale = [uuid for a in status.allocations if a.uid not in other_uids for uuid in a.volumes]
     new = summarise(pool, status.model_copy(update={"allocations": others, "waiting": waiting,
                                                     "reclaiming": _reclaim(status, stale)}))
     return Decision(new, None, reason, message)
-

@@ -45,7 +45,7 @@ from .crds import crd_errors
 from .errors import FieldError, StatusError
 from .patch import json_patch, merge_patch, strategic_merge_patch
 from .resources import Registry, ResourceType, types_from_crd
-from .schema import BuiltinValidator, dotted, drop_path, process_custom
+from .schema import BuiltinValidator, dotted, drop_path, name_errors, process_custom
 from .selectors import Predicate, selector_to_string
 from .store import Key, Store, Stored, encode
 from .updates import admit_update, update_errors
@@ -58,8 +58,6 @@ STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 PATCH_TYPES = [JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH, APPLY_PATCH]
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _NAME_CHARS = "bcdfghjklmnpqrstvwxz2456789"
 _CRD_KEY = ("apiextensions.k8s.io", "customresourcedefinitions")
 _NS_KEY = ("", "namespaces")
@@ -187,16 +185,14 @@ class Cluster:
         opts = opts or WriteOptions()
         obj = self._check_body(rt, namespace, body, None)
         meta = obj["metadata"]
-        if not meta.get("name"):
-            if not meta.get("generateName"):
-                raise errors.invalid(rt.group, rt.kind, "", [FieldError("metadata.name", "Required value",
-                                                                         "name or generateName is required")])
+        if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + "".join(random.choices(_NAME_CHARS, k=5))
         namespace = meta.get("namespace")
-        if rt.namespaced:
-            self._check_namespace(rt, namespace or "", meta["name"])
-        if self.find(rt, namespace, meta["name"]) is not None:
-            raise errors.already_exists(rt.group, rt.plural, meta["name"])
+        if meta.get("name"):  # without one, validation reports it with every other error, as the real server
+            if rt.namespaced:
+                self._check_namespace(rt, namespace or "", meta["name"])
+            if self.find(rt, namespace, meta["name"]) is not None:
+                raise errors.already_exists(rt.group, rt.plural, meta["name"])
         for volatile in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(volatile, None)
         meta["uid"] = str(uuid.uuid4())
@@ -411,7 +407,7 @@ class Cluster:
         if not rt.custom:
             defaults.apply(rt.storage_key, obj)
         if rt.custom:
-            obj, schema_errors, unknown = process_custom(rt.schema, obj, old)
+            obj, schema_errors, unknown = process_custom(rt.schema, obj, old, earlier_errors=bool(problems))
             problems += schema_errors
         elif self.builtin_validator is not None and not problems:
             schema_errors, unknown_paths = self.builtin_validator.validate(obj)
@@ -444,13 +440,8 @@ class Cluster:
 
     @staticmethod
     def _metadata_errors(rt: ResourceType, meta: dict[str, Any]) -> list[FieldError]:
-        problems = []
-        name = meta.get("name", "")
-        pattern = _DNS_LABEL if rt.storage_key == _NS_KEY else _DNS_SUBDOMAIN
-        if not isinstance(name, str) or len(name) > 253 or not pattern.match(name):
-            problems.append(FieldError("metadata.name", "Invalid value",
-                                       "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
-                                       "characters, '-' or '.', and must start and end with an alphanumeric character", name))
+        problems = name_errors(meta["name"], label=rt.storage_key == _NS_KEY) if meta.get("name") else [
+            FieldError("metadata.name", "Required value", "name or generateName is required")]
         for key, value in (meta.get("labels") or {}).items():
             if isinstance(value, str) and (len(value) > 63 or not re.match(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", value)):
                 problems.append(FieldError(f"metadata.labels", "Invalid value", "a valid label must be an empty string "

@@ -120,7 +120,7 @@ def _rule_errors(rules: Any, path: str, out: list[FieldError], schema: dict[str,
         if isinstance(rule.get("fieldPath"), str) and not _field_path_resolves(schema, rule["fieldPath"]):
             out.append(FieldError(f"{where}.fieldPath", "Invalid value", "must be a valid path", rule["fieldPath"]))
         try:
-            from kvtier.testing.cel import compile_rule
+            from kvtier.api.cel import compile_rule
         except ImportError:
             continue
         try:

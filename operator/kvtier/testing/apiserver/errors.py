@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvtier.api.schema import FieldError, render_value  # noqa: F401 - the server's errors are the API's
+
 
 class StatusError(Exception):
     """An API error carrying everything needed to render a `meta.k8s.io/v1 Status`."""
@@ -111,57 +113,6 @@ def gone(message: str) -> StatusError:
 
 def forbidden(group: str, resource: str, name: str, message: str) -> StatusError:
     return StatusError(403, "Forbidden", message, details=_details(name, group, resource))
-
-
-class FieldError:
-    """One invalid field, rendered the way apimachinery's `field.Error` prints."""
-
-    REASONS = {
-        "Invalid value": "FieldValueInvalid",
-        "Required value": "FieldValueRequired",
-        "Unsupported value": "FieldValueNotSupported",
-        "Forbidden": "FieldValueForbidden",
-        "Duplicate value": "FieldValueDuplicate",
-        "Too many": "FieldValueTooMany",
-        "Too long": "FieldValueTooLong",
-    }
-
-    def __init__(self, field: str, kind: str, detail: str = "", value: Any = None, show_value: bool = True):
-        self.field = field
-        self.kind = kind
-        self.detail = detail
-        self.value = value
-        self.show_value = show_value and kind in ("Invalid value", "Unsupported value", "Duplicate value")
-
-    @property
-    def message(self) -> str:
-        text = self.kind
-        if self.show_value:
-            text += f": {render_value(self.value)}"
-        if self.detail:
-            text += f": {self.detail}"
-        return text
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}" if self.field else self.message
-
-    def cause(self) -> dict[str, Any]:
-        return {"reason": self.REASONS.get(self.kind, "FieldValueInvalid"), "message": self.message, "field": self.field}
-
-
-def render_value(value: Any) -> str:
-    """Format a value the way Go's `%#v`-ish field errors show it."""
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, dict):
-        return '"object"'
-    if isinstance(value, list):
-        return '"array"'
-    return str(value)
 
 
 def invalid(group: str, kind: str, name: str, errors: list[FieldError]) -> StatusError:

@@ -267,7 +267,7 @@ class APIHandler:
         try:
             if "yaml" in content_type:
                 return yaml.safe_load(raw)
-            return json.loads(raw)
+            return json.loads(raw, parse_int=_json_int)
         except (ValueError, yaml.YAMLError) as exc:
             raise errors.bad_request(f"the request body could not be decoded: {exc}") from None
 
@@ -410,3 +410,14 @@ class APIHandler:
             watcher.closed = True
             coll.watchers.discard(watcher)
         return response
+
+
+def _json_int(text: str) -> int | float:
+    """A JSON integer as the API server decodes it into an object: int64, else float64."""
+    value = int(text)
+    if -(2**63) <= value < 2**63:
+        return value
+    try:
+        return float(value)
+    except OverflowError:  # beyond float64: Go's decoder refuses the body too
+        raise ValueError(f"number {text[:20]}... is out of range") from None

@@ -77,6 +77,17 @@ def compile_rule(rule: str) -> celpy.Runner:
     return _environment.program(_environment.compile(rule), functions=KUBERNETES_FUNCTIONS)
 
 
+def _describe(error: BaseException) -> str:
+    """An evaluation error in words: cel-python's errors carry (message, exception type, exception args)."""
+    args = error.args
+    if isinstance(error, celpy.CELEvalError) and len(args) >= 3 and args[2]:
+        cause = args[2][0] if isinstance(args[2], tuple) else args[2]
+        return str(cause)
+    if args and isinstance(args[0], str):
+        return args[0]
+    return type(error).__name__
+
+
 class RuleFailure(NamedTuple):
     """A failed rule: the field it blames (`fieldPath` if the rule names one) and its message."""
 
@@ -106,27 +117,30 @@ def validate_rules(
         rule = entry["rule"]
         if "oldSelf" in rule and old is None:
             continue
-        activation = {"self": celpy.json_to_cel(obj)}
-        if old is not None:
-            activation["oldSelf"] = celpy.json_to_cel(old)
         field = _join_field_path(path, entry["fieldPath"]) if entry.get("fieldPath") else path
         try:
+            activation = {"self": celpy.json_to_cel(obj)}
+            if old is not None:
+                activation["oldSelf"] = celpy.json_to_cel(old)
             result = compile_rule(rule).evaluate(activation)
         except Exception as error:  # noqa: BLE001 - any evaluation failure rejects, like the API server
-            failures.append(RuleFailure(field, f"rule evaluation error: {rule}: {error}"))
+            failures.append(RuleFailure(field, f"rule evaluation error: {rule}: {_describe(error)}"))
             continue
         if isinstance(result, celpy.CELEvalError):
-            failures.append(RuleFailure(field, f"rule evaluation error: {rule}: {result.args[0]}"))
+            failures.append(RuleFailure(field, f"rule evaluation error: {rule}: {_describe(result)}"))
         elif not bool(result):
             failures.append(RuleFailure(field, entry.get("message") or f"failed rule: {rule}"))
     if isinstance(obj, dict):
         properties = schema.get("properties", {})
         extra = schema.get("additionalProperties")
         for key, value in obj.items():
-            child = properties.get(key) or (extra if isinstance(extra, dict) else None)
+            child = properties.get(key)
+            where = _join(path, key)
+            if child is None and isinstance(extra, dict):  # a map's value: `requests[cpu]`, as the server names it
+                child, where = extra, f"{path}[{key}]"
             if child is not None:
                 old_value = old.get(key) if isinstance(old, dict) else None
-                failures += validate_rules(child, value, old_value, path=_join(path, key))
+                failures += validate_rules(child, value, old_value, path=where)
     elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
         for index, item in enumerate(obj):
             failures += validate_rules(schema["items"], item, None, path=_join(path, index))
