@@ -101,17 +101,22 @@ def upper_concave_hull(values: Sequence[float], start: int = 0, end: int | None 
     """
     end = len(values) - 1 if end is None else end
     hull: list[int] = []
+    heights: list[float] = []
+    size = 0
     for x in range(start, end + 1):
         y = values[x]
-        while len(hull) >= 2:
-            x0, x1 = hull[-2], hull[-1]
-            y0 = values[x0]
-            # Drop x1 when it lies strictly below the chord from x0 to x.
-            if (values[x1] - y0) * (x - x0) < (y - y0) * (x1 - x0):
+        while size >= 2:
+            x0, y0 = hull[size - 2], heights[size - 2]
+            # Drop the last vertex when it lies strictly below the chord from x0 to x.
+            if (heights[size - 1] - y0) * (x - x0) < (y - y0) * (hull[size - 1] - x0):
                 hull.pop()
+                heights.pop()
+                size -= 1
             else:
                 break
         hull.append(x)
+        heights.append(y)
+        size += 1
     return hull
 
 
@@ -236,17 +241,23 @@ def _best_with_one_aside(demands: Mapping[str, Demand], free: int, aside: str) -
     quotas = {name: demand.min_units for name, demand in others.items()}
     # rest[r]: the others' value with r free units.
     rest = [predict(others, quotas)]
+    append = rest.append
+    tables = {name: (demand._values, len(demand._values) - 1) for name, demand in others.items()}
+    running = rest[0]
     for name in order:
-        demand = others[name]
-        before = demand.value(quotas[name])
-        quotas[name] += 1
-        rest.append(rest[-1] + demand.value(quotas[name]) - before)
+        values, top = tables[name]
+        held = quotas[name]
+        quotas[name] = held + 1
+        running = running + values[min(held + 1, top)] - values[min(held, top)]
+        append(running)
     demand = demands[aside]
     low = demand.min_units
     high = low + free if demand.max_units is None else min(demand.max_units, low + free)
+    values, top = demand._values, len(demand._values) - 1
+    last = len(rest) - 1
     best_units, best_value = low, -1.0
     for units in range(low, high + 1):
-        value = demand.value(units) + rest[min(free - (units - low), len(rest) - 1)]
+        value = values[min(units, top)] + rest[min(free - (units - low), last)]
         if value > best_value:
             best_units, best_value = units, value
     split = {name: demand.min_units for name, demand in others.items()}
