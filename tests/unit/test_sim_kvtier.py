@@ -36,8 +36,12 @@ def _phased_scenario(tmp_path, lines=1000, **extra):
     return path
 
 
+#: Rounds as often as the phases need (the scenario is only 660 s long).
+EAGER = {"interval": "30s", "cooldown": "0s", "maxStep": 1.0}
+
+
 def test_kvtier_beats_equal_by_following_the_busy_tenant(tmp_path):
-    scenario = load_scenario(_phased_scenario(tmp_path))
+    scenario = load_scenario(_phased_scenario(tmp_path, rebalance=EAGER))
     workloads = scenario.workloads()
     equal = run_policy(EqualPolicy(), scenario, workloads)
     policy, timeline = KvtierPolicy(scenario), Timeline()
@@ -52,7 +56,7 @@ def test_kvtier_beats_equal_by_following_the_busy_tenant(tmp_path):
 
 def test_kvtier_decides_only_from_the_past(tmp_path):
     """Cutting the traces after 400 s changes no decision made before: nothing reads ahead."""
-    scenario = load_scenario(_phased_scenario(tmp_path))
+    scenario = load_scenario(_phased_scenario(tmp_path, rebalance=EAGER))
     workloads = scenario.workloads()
     cut = [type(w)(w.name, [r for r in w.requests if r.arrival < 400], w.params, w.salt, w.replicas)
            for w in workloads]
@@ -64,7 +68,7 @@ def test_kvtier_decides_only_from_the_past(tmp_path):
 
 
 def test_kvtier_through_the_replay_cli_with_kvpool_safety_settings(tmp_path):
-    path = _phased_scenario(tmp_path, rebalance={"maxStep": 0.25, "cooldownSeconds": 60, "minGain": 0.01})
+    path = _phased_scenario(tmp_path, rebalance={"maxStep": 0.25, "cooldown": "60s", "interval": "30s", "minGain": 0.01})
     out = tmp_path / "out.json"
     command = [sys.executable, "-m", "kvtier", "sim", "replay", "--scenario", str(path), "--json", str(out),
                "--markdown", str(tmp_path / "out.md")]
@@ -78,3 +82,31 @@ def test_kvtier_through_the_replay_cli_with_kvpool_safety_settings(tmp_path):
     times = [float(time) for time in re.findall(r"^\| (\d+) \| moved \|", markdown, re.MULTILINE)]
     assert all(later - earlier >= 60 for earlier, later in zip(times, times[1:]))  # the cooldown
     assert "| cooldown |" in markdown
+
+
+def test_the_replay_reads_the_probe_as_the_operator_reads_its_page():
+    """The replay skips rendering and parsing the probe's page each scrape: the round trip is lossless."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kvtier.probe.demand import DemandProbe
+    from kvtier.probe.options import ProbeOptions
+    from kvtier.rebalance.demand import probe_reading_of
+    from kvtier.rebalance.estimator import probe_reading
+    from kvtier.sim.trace import load_trace
+    from kvtier.telemetry.engines import replica_snapshot
+    from kvtier.telemetry.exposition import parse_exposition
+
+    if not CONVERSATION.exists():
+        pytest.skip(f"trace {CONVERSATION} is absent")
+    defaults = ProbeOptions(log_dir="")
+    probe = DemandProbe(defaults.max_blocks, window_seconds=defaults.window, tick_seconds=defaults.tick,
+                        buckets_per_octave=defaults.buckets_per_octave)
+    registry = CollectorRegistry()
+    registry.register(probe)
+    requests = load_trace(CONVERSATION)[:1500]
+    for index, request in enumerate(requests):
+        probe.record(request.arrival, request.blocks)
+        if index % 300 == 299:
+            probe.advance(request.arrival + 1)
+            page = replica_snapshot(probe=parse_exposition(generate_latest(registry)))
+            assert probe_reading_of(page, request.arrival + 1) == probe_reading(probe, request.arrival + 1)

@@ -171,8 +171,9 @@ def allocate(
         raise ValueError(f"the deployments' minimums need {capacity - free} units, the pool has {capacity}")
     best = _climb(demands, free)
     best_value = predict(demands, best)
+    segments = _hull_segments(demands)
     for name in sorted(demands):
-        candidate = _best_with_one_aside(demands, free, name)
+        candidate = _best_with_one_aside(demands, free, name, segments)
         value = predict(demands, candidate)
         if value > best_value:
             best, best_value = candidate, value
@@ -201,35 +202,40 @@ def _climb(demands: Mapping[str, Demand], free: int) -> dict[str, int]:
     return {name: climber.at for name, climber in climbers.items()}
 
 
-def _hull_order(demands: Mapping[str, Demand]) -> list[str]:
+Segment = tuple[float, int, str, int]
+
+
+def _hull_segments(demands: Mapping[str, Demand]) -> dict[str, list[Segment]]:
+    """Each deployment's hull segments above its minimum that gain: ``(-gain per unit, rank, name, units)``."""
+    segments = {}
+    for rank, name in enumerate(sorted(demands)):
+        demand = demands[name]
+        values = demand._values
+        top = len(values) - 1 if demand.max_units is None else min(demand.max_units, len(values) - 1)
+        if top <= demand.min_units:
+            segments[name] = []
+            continue
+        hull = upper_concave_hull(values, demand.min_units, top)
+        segments[name] = [((values[a] - values[b]) / (b - a), rank, name, b - a)
+                          for a, b in zip(hull, hull[1:]) if values[b] > values[a]]
+    return segments
+
+
+def _hull_order(segments: Mapping[str, list[Segment]]) -> list[str]:
     """Every unit above the minimums, in the order greedy on the full hulls hands them out.
 
     Hull segments of all deployments merged by gain per unit (ties: name order), each
     deployment's own segments in order; only segments that gain. Entry k names the deployment
     that receives unit k, so the first R entries are the split of R free units, for every R.
     """
-    streams = []
-    for rank, name in enumerate(sorted(demands)):
-        demand = demands[name]
-        values = demand._values
-        top = len(values) - 1 if demand.max_units is None else min(demand.max_units, len(values) - 1)
-        if top <= demand.min_units:
-            continue
-        hull = upper_concave_hull(values, demand.min_units, top)
-        streams.append(
-            [
-                ((values[a] - values[b]) / (b - a), rank, name, b - a)
-                for a, b in zip(hull, hull[1:])
-                if values[b] > values[a]
-            ]
-        )
     units: list[str] = []
-    for _, _, name, length in heapq.merge(*streams, key=lambda segment: segment[:2]):
+    for _, _, name, length in heapq.merge(*segments.values(), key=lambda segment: segment[:2]):
         units.extend([name] * length)
     return units
 
 
-def _best_with_one_aside(demands: Mapping[str, Demand], free: int, aside: str) -> dict[str, int]:
+def _best_with_one_aside(demands: Mapping[str, Demand], free: int, aside: str,
+                         segments: Mapping[str, list[Segment]]) -> dict[str, int]:
     """The best quota for ``aside`` while the others share the rest in hull order.
 
     Greedy on hulls stalls where one deployment's value sits behind a long convex stretch (a
@@ -237,7 +243,7 @@ def _best_with_one_aside(demands: Mapping[str, Demand], free: int, aside: str) -
     exhaustively, with the others' split for every remainder read off one ordered walk, finds it.
     """
     others = {name: demand for name, demand in demands.items() if name != aside}
-    order = _hull_order(others)[:free]
+    order = _hull_order({name: segments[name] for name in sorted(others)})[:free]
     quotas = {name: demand.min_units for name, demand in others.items()}
     # rest[r]: the others' value with r free units.
     rest = [predict(others, quotas)]

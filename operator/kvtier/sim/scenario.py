@@ -4,8 +4,11 @@ Beyond the format's fields, a tenant may set the engine latency model's knobs (a
 ``replicas``, ``cpuReadBytesPerSecond``, ``maxRunningRequests``, ``decodeSecondsPerToken``.
 ``replicas: auto`` (the default) runs enough replicas that the trace's mean prefill demand, with
 no cache hits, loads them to at most 70%; replicas only change latency, never hit ratios.
-A scenario may also set the ``kvtier`` policy's ``rebalance`` settings (``policy``, ``minGain``,
-``maxStep``, ``cooldownSeconds``; see :class:`ScenarioRebalance`; the interval is ``epochSeconds``).
+A scenario may also set the ``kvtier`` policy's ``rebalance`` settings: exactly a KVPool's
+``spec.rebalance`` (:class:`~kvtier.api.kvpool.RebalanceSpec`: ``policy``, ``interval``,
+``cooldown``, ``minGain``, ``maxStep``, ``dryRun``), with the same defaults, so a scenario without
+the block replays what a KVPool gets by default. ``kvtier`` runs a round every ``interval``;
+``epochSeconds`` only defines the epochs of ``oracle-dynamic`` (and the timeline of the others).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic.alias_generators import to_camel
 
-from kvtier.api.kvpool import RebalancePolicy, RebalanceSpec
+from kvtier.api.kvpool import RebalanceSpec
 from kvtier.api.units import parse_quantity
 from kvtier.sim.engine import EngineParams
 from kvtier.sim.replay import TenantWorkload
@@ -75,23 +78,6 @@ class ScenarioTenant(_Model):
         return self
 
 
-_REBALANCE_DEFAULTS = RebalanceSpec()
-
-
-class ScenarioRebalance(_Model):
-    """The ``kvtier`` policy's ``spec.rebalance``; the interval is ``epochSeconds``.
-
-    By default the policy may re-divide the whole pool at every epoch, as the format defines
-    dynamic policies (``maxStep: 1``, no cooldown beyond the epoch); ``minGain`` is the KVPool
-    default. Set ``maxStep: 0.25, cooldownSeconds: 300`` for the KVPool defaults.
-    """
-
-    policy: RebalancePolicy = _REBALANCE_DEFAULTS.policy
-    min_gain: float = Field(default=_REBALANCE_DEFAULTS.min_gain, ge=0)
-    max_step: float = Field(default=1.0, gt=0, le=1)
-    cooldown_seconds: float = Field(default=0.0, ge=0)
-
-
 class Scenario(_Model):
     version: Literal[1]
     name: str
@@ -101,7 +87,8 @@ class Scenario(_Model):
     pool: ScenarioPool
     tenants: list[ScenarioTenant] = Field(min_length=1)
     policies: list[PolicyName] = Field(min_length=1)
-    rebalance: ScenarioRebalance = Field(default_factory=ScenarioRebalance)
+    rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec)
+    """The ``kvtier`` policy's settings: a KVPool's ``spec.rebalance``, defaults included."""
     _base_dir: Path = PrivateAttr(default=Path("."))
 
     @model_validator(mode="after")
