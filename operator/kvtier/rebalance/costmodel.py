@@ -53,11 +53,18 @@ class ReplicaGPUs:
     name: str
     count: int
     flops_per_gpu: float
+    """Peak dense FLOP/s of the matrix products (the weights' precision: FP8 weights run FP8 GEMMs)."""
     efficiency: float
+    attention_flops_per_gpu: float | None = None
+    """Peak dense FLOP/s of attention (the KV cache's precision, bf16); None: ``flops_per_gpu``."""
 
     @property
     def flops(self) -> float:
         return self.count * self.flops_per_gpu * self.efficiency
+
+    @property
+    def attention_flops(self) -> float:
+        return self.count * (self.attention_flops_per_gpu or self.flops_per_gpu) * self.efficiency
 
 
 @dataclass(frozen=True)
@@ -69,32 +76,36 @@ class CostModel:
     attention_flops: float
     """``2 x layers x q_width``: the coefficient of ``b^2 - a^2``."""
     flops_per_second: float
-    """What the replica's GPUs deliver to prefill."""
+    """What the replica's GPUs deliver to the matrix products."""
+    attention_flops_per_second: float
+    """... and to attention."""
     kv_bytes_per_token: int
     layers: int
     storage_read_bytes_per_second: float
 
     def __post_init__(self) -> None:
-        if self.flops_per_second <= 0 or self.storage_read_bytes_per_second <= 0 or self.layers < 1:
+        if min(self.flops_per_second, self.attention_flops_per_second, self.storage_read_bytes_per_second) <= 0 \
+                or self.layers < 1:
             raise ValueError("FLOP/s and storage bandwidth must be > 0, layers >= 1")
 
     @classmethod
     def of(cls, shape: ModelShape, gpus: ReplicaGPUs, storage_read_bytes_per_second: float) -> CostModel:
-        return cls(2 * shape.active_params, 2 * shape.layers * shape.q_width, gpus.flops, shape.kv_bytes_per_token,
-                   shape.layers, storage_read_bytes_per_second)
+        return cls(2 * shape.active_params, 2 * shape.layers * shape.q_width, gpus.flops, gpus.attention_flops,
+                   shape.kv_bytes_per_token, shape.layers, storage_read_bytes_per_second)
 
     @classmethod
     def linear(cls, prefill_tokens_per_second: float, kv_bytes_per_token: int,
                storage_read_bytes_per_second: float, layers: int = 80) -> CostModel:
         """No attention term: every token at ``prefill_tokens_per_second`` (the scenario format's model)."""
-        return cls(1.0, 0.0, prefill_tokens_per_second, kv_bytes_per_token, layers, storage_read_bytes_per_second)
+        return cls(1.0, 0.0, prefill_tokens_per_second, prefill_tokens_per_second, kv_bytes_per_token, layers,
+                   storage_read_bytes_per_second)
 
     def prefill_seconds(self, start: float, end: float) -> float:
         """GPU seconds to prefill tokens ``[start, end)`` on top of a cached ``[0, start)``."""
         if end <= start:
             return 0.0
-        flops = self.flops_per_token * (end - start) + self.attention_flops * (end * end - start * start)
-        return flops / self.flops_per_second
+        return (self.flops_per_token * (end - start) / self.flops_per_second
+                + self.attention_flops * (end * end - start * start) / self.attention_flops_per_second)
 
     def load_seconds(self, tokens: float, bytes_per_second: float | None = None) -> float:
         """Seconds to read ``tokens`` of KV from storage (or at ``bytes_per_second``)."""
@@ -123,12 +134,15 @@ MODELS = {shape.name: shape for shape in (LLAMA3_70B, QWEN3_CODER_480B)}
 
 #: Dense peaks from the vendors' data sheets (FLOP/s, without sparsity); efficiency 0.4, a usual
 #: model FLOP utilisation of long prefills (see docs/cost-model.md).
-H100_SXM = 989e12
+H100_SXM_BF16 = 989e12
 H20_FP8 = 296e12
+H20_BF16 = 148e12
 PREFILL_EFFICIENCY = 0.4
 GPUS = {
-    "4xH100": ReplicaGPUs("4xH100", 4, H100_SXM, PREFILL_EFFICIENCY),
-    "8xH20": ReplicaGPUs("8xH20", 8, H20_FP8, PREFILL_EFFICIENCY),
+    # bf16 weights and KV.
+    "4xH100": ReplicaGPUs("4xH100", 4, H100_SXM_BF16, PREFILL_EFFICIENCY),
+    # FP8 weights (the 450 GB checkpoint), bf16 KV: FP8 matrix products, bf16 attention.
+    "8xH20": ReplicaGPUs("8xH20", 8, H20_FP8, PREFILL_EFFICIENCY, attention_flops_per_gpu=H20_BF16),
 }
 #: The seed's storage read bandwidth of one replica, with LMCache's parallel reads (R1).
 SEED_READ_BYTES_PER_SECOND = 5.23e9
