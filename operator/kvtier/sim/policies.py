@@ -214,8 +214,9 @@ class KvtierPolicy(DynamicPolicy):
     :func:`~kvtier.rebalance.loop.decide` turns the estimates into a split with those settings
     (a pool that moved less than ``cooldown`` ago waits); the replay applies
     it through the quota semantics (a shrink evicts at once, a grown partition starts empty).
-    Hits are valued in tokens (the scenarios' objective is the hit ratio). Nothing here reads the
-    trace ahead or any simulator state a pod does not expose.
+    A hit token is valued by the GPU seconds it saves (the tenant's cost model, over its mean prompt
+    length from the engines' counters: a hit of a long-context tenant is worth more). Nothing here
+    reads the trace ahead or any simulator state a pod does not expose.
     """
 
     name = "kvtier"
@@ -228,6 +229,9 @@ class KvtierPolicy(DynamicPolicy):
                                          STALE_SCRAPES * scenario.scrape_seconds)
             for tenant in scenario.tenants
         }
+        self.costs = [tenant.cost() for tenant in scenario.tenants]
+        #: Per tenant, prompt tokens and requests at the last scrape (vLLM's counters).
+        self.prompts: dict[str, tuple[int, int]] = {}
         #: Blocks per allocation unit: the pool is divided in about :data:`REPLAY_UNITS` units.
         self.unit_blocks = max(1, -(-scenario.capacity_blocks // REPLAY_UNITS))
         self.last_move: float | None = None
@@ -261,6 +265,7 @@ class KvtierPolicy(DynamicPolicy):
                 # tests/unit/test_sim_kvtier.py), without rendering and parsing it every scrape.
                 estimator.observe_probe(probe_reading(probe, now))
                 stats = [engine.stats for engine in replay.replicas[name]]
+                self.prompts[name] = (sum(s.prompt_tokens for s in stats), sum(s.requests for s in stats))
                 estimator.observe_counters(CounterReading(
                     now, replay.quota(name) // self.unit_blocks, sum(s.external_query_tokens for s in stats),
                     sum(s.hit_tokens[Tier.STORAGE] for s in stats), sum(s.requests for s in stats)))
@@ -274,14 +279,17 @@ class KvtierPolicy(DynamicPolicy):
         unit = self.unit_blocks
         capacity = scenario.capacity_blocks // unit
         states = {}
-        for tenant in scenario.tenants:
+        for tenant, cost in zip(scenario.tenants, self.costs):
             estimate = self.estimators[tenant.name].estimate(
                 now, capacity, unit_chunks=unit, chunk_tokens=scenario.block_tokens,
                 front_chunks=max(tenant.hbm_blocks, tenant.cpu_blocks))
             max_units = None if tenant.max_blocks is None else tenant.max_blocks // unit
-            states[tenant.name] = DeploymentState(current[tenant.name] // unit, estimate, weight=tenant.weight,
-                                                  min_units=-(-tenant.min_blocks // unit), max_units=max_units,
-                                                  unit_tokens=unit * scenario.block_tokens)
+            # A hit token is worth the GPU seconds it saves, on average over the tenant's mean prompt.
+            prompt_tokens, requests = self.prompts.get(tenant.name, (0, 0))
+            hit_value = cost.saved_per_hit_token(prompt_tokens / requests if requests else 0.0)
+            states[tenant.name] = DeploymentState(current[tenant.name] // unit, estimate, hit_value=hit_value,
+                                                  weight=tenant.weight, min_units=-(-tenant.min_blocks // unit),
+                                                  max_units=max_units, unit_tokens=unit * scenario.block_tokens)
         decision = decide(states, capacity, self.settings, now, self.last_move)
         self.decisions.append((now, decision))
         if not decision.applies:
