@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtier.probe.demand import DemandProbe, bucket_bounds, hit_curve, scraped_hit_curve
+from kvtier.probe.demand import DemandProbe, HitCurve, bucket_bounds, hit_curve, scraped_hit_curve
 from kvtier.probe.service import Probe
 from kvtier.probe.tail import LogTailer
 from kvtier.sim.lookuplog import LookupHashLog, Rotation
@@ -259,3 +259,20 @@ def test_the_probe_reproduces_the_trace_facts_from_a_whole_log(tmp_path):
     # Exact at every bound the probe exports (the README's capacities: test_sim_stackdist).
     exact = stream_histogram(requests)
     assert [exact.hits(bound) for bound in probe.demand.bounds] == counts
+
+
+def test_hits_at_each_is_hits_at_of_every_capacity():
+    import random
+
+    rng = random.Random(5)
+    for _ in range(200):
+        bounds = sorted(rng.sample(range(1, 60), rng.randrange(0, 8)))
+        hits, running = [], 0.0
+        for _bound in bounds:
+            running += rng.random() * 3
+            hits.append(running)
+        curve = HitCurve(tuple(float(b) for b in bounds), tuple(hits), running + 1)
+        capacities = sorted(rng.uniform(-2, 70) for _ in range(rng.randrange(0, 30)))
+        capacities += [float(b) for b in bounds]
+        capacities.sort()
+        assert curve.hits_at_each(capacities) == [curve.hits_at(c) for c in capacities]

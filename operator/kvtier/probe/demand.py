@@ -203,19 +203,28 @@ class HitCurve:
         """:meth:`hits_at` of every capacity, ascending (one walk over the bounds, the same values)."""
         bounds, hits = self.capacities, self.hits
         values: list[float] = []
+        append = values.append
+        count = len(bounds)
         index = 0
+        high, high_hits = (bounds[0], hits[0]) if count else (0.0, 0.0)
+        low = low_hits = 0.0
         for capacity in capacities:
-            if capacity <= 0 or not bounds:
-                values.append(0.0)
+            if capacity <= 0 or not count:
+                append(0.0)
                 continue
-            while index < len(bounds) and bounds[index] < capacity:
-                index += 1
-            if index == len(bounds):
-                values.append(hits[-1])
+            if capacity > high:
+                while index < count and bounds[index] < capacity:
+                    index += 1
+                if index == count:
+                    append(hits[-1])
+                    high = float("inf")
+                    continue
+                high, high_hits = bounds[index], hits[index]
+                low, low_hits = (bounds[index - 1], hits[index - 1]) if index else (0.0, 0.0)
+            elif index == count:
+                append(hits[-1])
                 continue
-            high, high_hits = bounds[index], hits[index]
-            low, low_hits = (bounds[index - 1], hits[index - 1]) if index else (0.0, 0.0)
-            values.append(low_hits + (high_hits - low_hits) * (capacity - low) / (high - low))
+            append(low_hits + (high_hits - low_hits) * (capacity - low) / (high - low))
         return values
 
     def hit_ratio(self, capacity: float) -> float:

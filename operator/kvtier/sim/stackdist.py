@@ -265,8 +265,11 @@ class WindowedStackDistance:
         else:
             histogram = self.histogram
             counts = histogram.counts
-            for distance in distances[:finite]:
-                bound = bounds[bisect.bisect_left(bounds, distance)]
+            index, bound = 0, bounds[0]
+            for distance in distances[:finite]:  # ascending: walk the bounds along
+                if distance > bound:
+                    index = bisect.bisect_left(bounds, distance, index)
+                    bound = bounds[index]
                 counts[bound] = counts.get(bound, 0) + 1
             histogram.cold += len(distances) - finite
             histogram._cumulative = None
