@@ -134,3 +134,32 @@ def test_the_replay_reads_the_probe_as_the_operator_reads_its_page():
             probe.advance(request.arrival + 1)
             page = replica_snapshot(probe=parse_exposition(generate_latest(registry)))
             assert probe_reading_of(page, request.arrival + 1) == probe_reading(probe, request.arrival + 1)
+
+
+@pytest.mark.parametrize("max_step", [0.1, 0.5, 1.0])
+def test_no_setting_lets_the_quotas_exceed_the_pool_and_shrinks_go_first(tmp_path, max_step):
+    from kvtier.sim.replay import Replay
+
+    scenario = load_scenario(_phased_scenario(tmp_path, rebalance={**EAGER, "maxStep": max_step}))
+    applied: list[tuple[int, int]] = []  # (quota change, total held after it) in order
+    original = Replay.set_quota
+
+    def spy(replay, tenant, blocks):
+        before = replay.quota(tenant)
+        evicted = original(replay, tenant, blocks)
+        applied.append((blocks - before, sum(replay.pool.quotas().values())))
+        return evicted
+
+    policy = KvtierPolicy(scenario)
+    Replay.set_quota = spy
+    try:
+        run_policy(policy, scenario)
+    finally:
+        Replay.set_quota = original
+    assert any(change for change, _ in applied)
+    assert all(total <= scenario.capacity_blocks for _, total in applied)
+    moved = [d for _, d in policy.decisions if d.outcome == "moved"]
+    assert moved and all(d.moved_units <= max_step * scenario.capacity_blocks // policy.unit_blocks for d in moved)
+    for decision in moved:  # the actuation order: every shrink before any grow
+        grows = [change.to_units > change.from_units for change in decision.changes]
+        assert grows == sorted(grows)
