@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from kvtier.api.kvpool import RebalanceSpec
+from kvtier.api.units import parse_duration
 from kvtier.rebalance.demand import HALF_LIFE_INTERVALS
 from kvtier.sim.policies import KvtierPolicy, build_policies, run_policy
 from kvtier.sim.scenario import Scenario, load_scenario
@@ -31,10 +32,10 @@ SHARED = next((parent / "shared" for parent in ROOT.parents if (parent / "shared
 PUBLIC = SHARED / "scenarios" / "three-phased.yaml"
 OWN = sorted((ROOT / "bench" / "scenarios").glob("*.yaml"))
 
-#: Values tried per knob (durations as a KVPool spells them).
+#: Values tried per knob (durations in seconds, as a KVPool may spell them).
 GRID = {
-    "interval": ["15s", "30s", "1m", "2m"],
-    "cooldown": ["0s", "1m", "5m"],
+    "interval": ["15s", "30s", "60s", "120s"],
+    "cooldown": ["0s", "60s", "300s"],
     "maxStep": [0.1, 0.25, 0.5, 1.0],
     "minGain": [0.0, 0.01, 0.05],
     "halfLife": [0.25, 0.5, 1.0, 2.0],
@@ -116,7 +117,7 @@ def main() -> None:
     overrides = {}
     for item in args.base:
         key, value = item.split("=", 1)
-        overrides[key] = float(value) if key in ("maxStep", "minGain", "halfLife") else value
+        overrides[key] = float(value) if key in ("maxStep", "minGain", "halfLife") else f"{parse_duration(value):g}s"
     for setting in grid(args.grid, overrides, args.knob):
         started = time.perf_counter()
         shares = []
