@@ -163,3 +163,19 @@ def test_no_setting_lets_the_quotas_exceed_the_pool_and_shrinks_go_first(tmp_pat
     for decision in moved:  # the actuation order: every shrink before any grow
         grows = [change.to_units > change.from_units for change in decision.changes]
         assert grows == sorted(grows)
+
+
+def test_the_replay_speed_ups_changed_no_decision():
+    """Pinned before the speed-ups (issue 18): the public scenario under the replay's former rules
+    (a round every epoch, the whole pool movable, no cooldown, blocks as units) gave 134,678 hit
+    blocks; the faster stack distances, probe, curves and allocator give exactly the same."""
+    from kvtier.api.kvpool import RebalanceSpec
+
+    path = SHARED / "scenarios" / "three-phased.yaml"
+    if not path.exists():
+        pytest.skip(f"scenario {path} is absent")
+    scenario = load_scenario(path)
+    former = scenario.model_copy(update={"rebalance": RebalanceSpec(interval="300s", cooldown="0s", maxStep=1.0)})
+    policy = KvtierPolicy(former, units=former.capacity_blocks)
+    assert policy.unit_blocks == 1
+    assert run_policy(policy, former).overall.hit_blocks == 134_678

@@ -221,7 +221,8 @@ class KvtierPolicy(DynamicPolicy):
 
     name = "kvtier"
 
-    def __init__(self, scenario: Scenario, half_life_intervals: float = HALF_LIFE_INTERVALS) -> None:
+    def __init__(self, scenario: Scenario, half_life_intervals: float = HALF_LIFE_INTERVALS,
+                 units: int = REPLAY_UNITS) -> None:
         self.settings = LoopSettings.from_spec(scenario.rebalance)
         self.scenario = scenario
         self.estimators = {
@@ -232,8 +233,8 @@ class KvtierPolicy(DynamicPolicy):
         self.costs = [tenant.cost() for tenant in scenario.tenants]
         #: Per tenant, prompt tokens and requests at the last scrape (vLLM's counters).
         self.prompts: dict[str, tuple[int, int]] = {}
-        #: Blocks per allocation unit: the pool is divided in about :data:`REPLAY_UNITS` units.
-        self.unit_blocks = max(1, -(-scenario.capacity_blocks // REPLAY_UNITS))
+        #: Blocks per allocation unit: the pool is divided in about ``units`` units.
+        self.unit_blocks = max(1, -(-scenario.capacity_blocks // units))
         self.last_move: float | None = None
         #: Every round's decision (quotas in allocation units), with its time.
         self.decisions: list[tuple[float, Decision]] = []
