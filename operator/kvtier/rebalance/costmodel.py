@@ -12,7 +12,7 @@ Prefill of prompt tokens ``[a, b)`` with ``[0, a)`` already in the KV cache cost
 A replica's GPUs run them at ``count x flops_per_gpu x efficiency`` FLOP/s (efficiency: the share of
 the peak prefill reaches). A hit of ``[0, h)`` loads ``h x kv_bytes_per_token`` bytes at the
 replica's storage read bandwidth instead; LMCache loads layer by layer while the missed tokens
-compute, so a request waits for the longer of the two, plus one layer of the shorter.
+compute (the replay's :class:`~kvtier.sim.replay.PrefillQueue` models that overlap and the queues).
 
 The presets are public figures (docs/cost-model.md derives them): no parameter is fitted to the
 seed's measurements.
@@ -31,6 +31,8 @@ class ModelShape:
     active_params: float
     layers: int
     hidden: int
+    """d_model (documentation: the query width below is what attention costs, which differs from
+    it for models such as Qwen3-Coder-480B)."""
     attention_heads: int
     kv_heads: int
     head_dim: int
@@ -111,10 +113,6 @@ class CostModel:
         """Seconds to read ``tokens`` of KV from storage (or at ``bytes_per_second``)."""
         return tokens * self.kv_bytes_per_token / (bytes_per_second or self.storage_read_bytes_per_second)
 
-    def overlapped(self, load: float, compute: float) -> float:
-        """Loads overlap compute layer by layer: the longer of the two plus one layer of the shorter."""
-        return max(load, compute) + min(load, compute) / self.layers
-
     def saved_per_hit_token(self, prefix_tokens: float) -> float:
         """GPU seconds one hit token saves, on average over a hit prefix of ``prefix_tokens``."""
         if prefix_tokens <= 1:
@@ -130,10 +128,9 @@ LLAMA3_70B = ModelShape("llama-3-70b", active_params=70.6e9, layers=80, hidden=8
 #: 62 layers, hidden 6,144, 96 query heads and 8 KV heads of 128; bf16 KV: 253,952 bytes a token.
 QWEN3_CODER_480B = ModelShape("qwen3-coder-480b-a35b", active_params=35e9, layers=62, hidden=6144,
                               attention_heads=96, kv_heads=8, head_dim=128)
-MODELS = {shape.name: shape for shape in (LLAMA3_70B, QWEN3_CODER_480B)}
 
-#: Dense peaks from the vendors' data sheets (FLOP/s, without sparsity); efficiency 0.4, a usual
-#: model FLOP utilisation of long prefills (see docs/cost-model.md).
+#: Dense peaks from the vendors' data sheets (FLOP/s, without sparsity); efficiency 0.4, one stated
+#: assumption for long, compute-bound prefills (docs/cost-model.md), not tuned.
 H100_SXM_BF16 = 989e12
 H20_FP8 = 296e12
 H20_BF16 = 148e12
