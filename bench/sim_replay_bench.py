@@ -1,10 +1,12 @@
 """kvsim replay speed on the Mooncake traces (one core, pure Python).
 
 Prints block accesses per second for: the bare LRU cache model, the full replay core (engine
-tiers, latency model, merged tenants, hooks) and the exact stack-distance computation.
-Goal (issue 6): >= 200,000 block accesses per second through the replay core.
+tiers, latency model, merged tenants, hooks) and the exact stack-distance computation, then every
+policy of the public scenario (``three-phased``, with its shipped rebalance defaults).
+Goals: >= 200,000 block accesses per second through the replay core (issue 6); >= 500,000 for
+the ``kvtier`` policy (issue 18). Run it on one core: ``taskset -c 0``.
 
-    .venv/bin/python bench/sim_replay_bench.py [--traces DIR] [--repeat N]
+    taskset -c 0 .venv/bin/python bench/sim_replay_bench.py [--traces DIR] [--repeat N] [--scenario FILE]
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 from collections.abc import Callable
 
 from kvtier.sim.cache import IsolatedLRU, LRUCache
+from kvtier.sim.policies import build_policies, run_policy
+from kvtier.sim.scenario import load_scenario
 from kvtier.sim.engine import EngineParams
 from kvtier.sim.replay import Replay, TenantWorkload
 from kvtier.sim.stackdist import stream_histogram
@@ -22,6 +26,7 @@ from kvtier.sim.trace import Request, load_trace
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_TRACES = ROOT.parent / "shared" / "traces" / "mooncake"
+DEFAULT_SCENARIO = ROOT.parent / "shared" / "scenarios" / "three-phased.yaml"
 NAMES = ("conversation", "synthetic")
 
 
@@ -38,6 +43,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=pathlib.Path, default=DEFAULT_TRACES)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--scenario", type=pathlib.Path, default=DEFAULT_SCENARIO)
     args = parser.parse_args()
 
     traces: dict[str, list[Request]] = {}
@@ -83,6 +89,16 @@ def main() -> None:
     ):
         seconds = best_of(args.repeat, run)
         print(f"{label:48s} {accesses / seconds:>12,.0f} block accesses/s  ({seconds:.3f} s)")
+
+    scenario = load_scenario(args.scenario)
+    workloads = scenario.workloads()
+    accesses = sum(len(r.blocks) for w in workloads for r in w.requests)
+    print(f"\n{scenario.name}: {accesses:,} block accesses; kvtier rebalance "
+          f"{scenario.rebalance.model_dump(mode='json', by_alias=True)}")
+    for name in scenario.policies:
+        seconds = best_of(args.repeat, lambda: run_policy(build_policies([name], scenario, workloads)[name],
+                                                          scenario, workloads))
+        print(f"policy {name:41s} {accesses / seconds:>12,.0f} block accesses/s  ({seconds:.3f} s)")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ def test_wire_round_trip_keeps_camel_case_and_units():
 def test_defaults_match_the_crd_defaults():
     pool = KVPool.model_validate(_load("kvpool-csi.yaml"))
     assert pool.spec.rebalance.policy == "MarginalGain"
-    assert (pool.spec.rebalance.interval, pool.spec.rebalance.cooldown) == (60, 300)
+    assert (pool.spec.rebalance.interval, pool.spec.rebalance.cooldown) == (60, 60)
+    assert pool.spec.rebalance.max_step == 0.5
     assert pool.spec.storage.backend == "csi"
     assert pool.spec.storage.csi.volume_mode == "Block"

@@ -10,10 +10,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtier.probe.demand import DemandProbe, bucket_bounds, hit_curve, scraped_hit_curve
+from kvtier.probe.demand import DemandProbe, HitCurve, bucket_bounds, hit_curve, scraped_hit_curve
 from kvtier.probe.service import Probe
 from kvtier.probe.tail import LogTailer
 from kvtier.sim.lookuplog import LookupHashLog, Rotation
+from kvtier.sim.stackdist import stream_histogram
 from tests.conftest import SHARED
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -252,10 +253,26 @@ def test_the_probe_reproduces_the_trace_facts_from_a_whole_log(tmp_path):
     write_log(tmp_path, requests, Rotation(max_bytes=1 << 20, max_files=0))
     probe = make_probe(tmp_path, max_chunks=1 << 16)
     probe.poll()
-    histogram = probe.demand.window.histogram
-    assert probe.demand.tracked_chunks == 43_924 and histogram.total == 121_877
-    assert histogram.reused / histogram.total == pytest.approx(0.640, abs=0.002)
-    for fraction, ratio in ((0.01, 0.038), (0.05, 0.157), (0.10, 0.262), (0.25, 0.444), (0.50, 0.589)):
-        assert histogram.hit_ratio(int(fraction * 43_924)) == pytest.approx(ratio, abs=0.002)
     counts, total, _ = probe.demand.buckets()
-    assert counts[-1] == histogram.reused and total == histogram.total
+    assert probe.demand.tracked_chunks == 43_924 and total == 121_877
+    assert counts[-1] / total == pytest.approx(0.640, abs=0.002)
+    # Exact at every bound the probe exports (the README's capacities: test_sim_stackdist).
+    exact = stream_histogram(requests)
+    assert [exact.hits(bound) for bound in probe.demand.bounds] == counts
+
+
+def test_hits_at_each_is_hits_at_of_every_capacity():
+    import random
+
+    rng = random.Random(5)
+    for _ in range(200):
+        bounds = sorted(rng.sample(range(1, 60), rng.randrange(0, 8)))
+        hits, running = [], 0.0
+        for _bound in bounds:
+            running += rng.random() * 3
+            hits.append(running)
+        curve = HitCurve(tuple(float(b) for b in bounds), tuple(hits), running + 1)
+        capacities = sorted(rng.uniform(-2, 70) for _ in range(rng.randrange(0, 30)))
+        capacities += [float(b) for b in bounds]
+        capacities.sort()
+        assert curve.hits_at_each(capacities) == [curve.hits_at(c) for c in capacities]

@@ -198,7 +198,9 @@ def _prefix_scenario(tmp_path, lines=300):
 
 
 POLICY_KEYS = {"block_hit_ratio", "hit_blocks", "accessed_blocks", "token_hit_ratio", "prefill_seconds_saved",
-               "ttft_p50_seconds", "ttft_p99_seconds", "moves", "moved_blocks", "per_tenant"}
+               "ttft_p50_seconds", "ttft_p99_seconds", "moves", "moved_blocks", "per_tenant",
+               # Beyond the format: the cost model's figures and the replay's speed.
+               "gpu_prefill_seconds", "gpu_prefill_seconds_saved", "storage_read_seconds", "block_accesses_per_second"}
 
 
 def test_cli_replay_writes_the_readme_json_markdown_and_plots(tmp_path):
@@ -218,7 +220,8 @@ def test_cli_replay_writes_the_readme_json_markdown_and_plots(tmp_path):
         assert set(entry) == POLICY_KEYS
         assert set(entry["per_tenant"]) == {"conv", "syn"}
         for tenant in entry["per_tenant"].values():
-            assert set(tenant) == {"block_hit_ratio", "hit_blocks", "accessed_blocks"}
+            assert set(tenant) == {"block_hit_ratio", "hit_blocks", "accessed_blocks", "gpu_prefill_seconds_saved",
+                                   "ttft_p50_seconds"}
         assert entry["hit_blocks"] == sum(t["hit_blocks"] for t in entry["per_tenant"].values())
         assert entry["block_hit_ratio"] == pytest.approx(entry["hit_blocks"] / entry["accessed_blocks"])
     assert policies["equal"]["moves"] == 0 and policies["oracle-dynamic"]["moves"] > 0

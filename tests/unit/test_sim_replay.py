@@ -11,6 +11,7 @@ from kvtier.sim.cache import IsolatedLRU, LRUCache
 from kvtier.sim.engine import Engine, EngineParams, Tier
 from kvtier.sim.policies import EqualPolicy, SharedPolicy, run_policy, split_evenly
 from kvtier.sim.replay import Replay, TenantWorkload, percentile
+from kvtier.rebalance.costmodel import CostModel
 from kvtier.sim.scenario import auto_replicas, load_scenario
 from kvtier.sim.trace import Request
 from tests.conftest import SHARED
@@ -246,8 +247,8 @@ def test_duplicate_tenants_and_mixed_block_sizes_are_rejected(tmp_path):
 
 def test_auto_replicas_follow_the_prefill_demand():
     requests = [Request(float(t), 10_000, 1, (t,)) for t in range(101)]  # 10,000 tokens/s for 100 s
-    assert auto_replicas(requests, prefill_tokens_per_second=7_000) == 3
-    assert auto_replicas(requests[:1], prefill_tokens_per_second=1) == 1
+    assert auto_replicas(requests, CostModel.linear(7_000, 1, 1.0)) == 3
+    assert auto_replicas(requests[:1], CostModel.linear(1, 1, 1.0)) == 1
 
 
 @pytest.fixture(scope="module")

@@ -61,8 +61,9 @@ class DemandProbe:
         if window_seconds < 0 or tick_seconds <= 0 or chunk_bytes < 0 or dedup_request_ids < 0:
             raise ValueError("window >= 0, tick > 0, chunk bytes >= 0 and dedup size >= 0 are required")
         decay = 0.5 ** (tick_seconds / window_seconds) if window_seconds else 1.0
-        self.window = WindowedStackDistance(max_chunks, decay)
         self.bounds = bucket_bounds(max_chunks, buckets_per_octave)
+        # Binned at the histogram's bounds: exact where it is exported, and cheap to decay.
+        self.window = WindowedStackDistance(max_chunks, decay, bounds=self.bounds)
         self.max_chunks = max_chunks
         self.chunk_bytes = chunk_bytes
         self.window_seconds = window_seconds
@@ -126,15 +127,13 @@ class DemandProbe:
         histogram = self.window.histogram
         bounds = self.bounds
         counts = [0.0] * len(bounds)
-        total_distance = 0.0
-        for distance, weight in histogram.counts.items():
-            counts[bisect.bisect_left(bounds, distance)] += weight
-            total_distance += distance * weight
+        for bound, weight in histogram.counts.items():
+            counts[bisect.bisect_left(bounds, bound)] += weight
         running = 0.0
         for index, weight in enumerate(counts):
             running += weight
             counts[index] = running
-        return counts, running + histogram.cold, total_distance
+        return counts, running + histogram.cold, self.window.distance_sum
 
     def collect(self) -> Iterator[Metric]:
         counts, total, distance_sum = self.buckets()
@@ -199,6 +198,34 @@ class HitCurve:
         high, high_hits = self.capacities[index], self.hits[index]
         low, low_hits = (self.capacities[index - 1], self.hits[index - 1]) if index else (0.0, 0.0)
         return low_hits + (high_hits - low_hits) * (capacity - low) / (high - low)
+
+    def hits_at_each(self, capacities: Iterable[float]) -> list[float]:
+        """:meth:`hits_at` of every capacity, ascending (one walk over the bounds, the same values)."""
+        bounds, hits = self.capacities, self.hits
+        values: list[float] = []
+        append = values.append
+        count = len(bounds)
+        index = 0
+        high, high_hits = (bounds[0], hits[0]) if count else (0.0, 0.0)
+        low = low_hits = 0.0
+        for capacity in capacities:
+            if capacity <= 0 or not count:
+                append(0.0)
+                continue
+            if capacity > high:
+                while index < count and bounds[index] < capacity:
+                    index += 1
+                if index == count:
+                    append(hits[-1])
+                    high = float("inf")
+                    continue
+                high, high_hits = bounds[index], hits[index]
+                low, low_hits = (bounds[index - 1], hits[index - 1]) if index else (0.0, 0.0)
+            elif index == count:
+                append(hits[-1])
+                continue
+            append(low_hits + (high_hits - low_hits) * (capacity - low) / (high - low))
+        return values
 
     def hit_ratio(self, capacity: float) -> float:
         """Fraction of accesses that hit at ``capacity`` (0 with no accesses)."""

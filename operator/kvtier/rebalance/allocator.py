@@ -101,17 +101,22 @@ def upper_concave_hull(values: Sequence[float], start: int = 0, end: int | None 
     """
     end = len(values) - 1 if end is None else end
     hull: list[int] = []
+    heights: list[float] = []
+    size = 0
     for x in range(start, end + 1):
         y = values[x]
-        while len(hull) >= 2:
-            x0, x1 = hull[-2], hull[-1]
-            y0 = values[x0]
-            # Drop x1 when it lies strictly below the chord from x0 to x.
-            if (values[x1] - y0) * (x - x0) < (y - y0) * (x1 - x0):
+        while size >= 2:
+            x0, y0 = hull[size - 2], heights[size - 2]
+            # Drop the last vertex when it lies strictly below the chord from x0 to x.
+            if (heights[size - 1] - y0) * (x - x0) < (y - y0) * (hull[size - 1] - x0):
                 hull.pop()
+                heights.pop()
+                size -= 1
             else:
                 break
         hull.append(x)
+        heights.append(y)
+        size += 1
     return hull
 
 
@@ -166,8 +171,9 @@ def allocate(
         raise ValueError(f"the deployments' minimums need {capacity - free} units, the pool has {capacity}")
     best = _climb(demands, free)
     best_value = predict(demands, best)
+    segments = _hull_segments(demands)
     for name in sorted(demands):
-        candidate = _best_with_one_aside(demands, free, name)
+        candidate = _best_with_one_aside(demands, free, name, segments)
         value = predict(demands, candidate)
         if value > best_value:
             best, best_value = candidate, value
@@ -196,35 +202,40 @@ def _climb(demands: Mapping[str, Demand], free: int) -> dict[str, int]:
     return {name: climber.at for name, climber in climbers.items()}
 
 
-def _hull_order(demands: Mapping[str, Demand]) -> list[str]:
+Segment = tuple[float, int, str, int]
+
+
+def _hull_segments(demands: Mapping[str, Demand]) -> dict[str, list[Segment]]:
+    """Each deployment's hull segments above its minimum that gain: ``(-gain per unit, rank, name, units)``."""
+    segments = {}
+    for rank, name in enumerate(sorted(demands)):
+        demand = demands[name]
+        values = demand._values
+        top = len(values) - 1 if demand.max_units is None else min(demand.max_units, len(values) - 1)
+        if top <= demand.min_units:
+            segments[name] = []
+            continue
+        hull = upper_concave_hull(values, demand.min_units, top)
+        segments[name] = [((values[a] - values[b]) / (b - a), rank, name, b - a)
+                          for a, b in zip(hull, hull[1:]) if values[b] > values[a]]
+    return segments
+
+
+def _hull_order(segments: Mapping[str, list[Segment]]) -> list[str]:
     """Every unit above the minimums, in the order greedy on the full hulls hands them out.
 
     Hull segments of all deployments merged by gain per unit (ties: name order), each
     deployment's own segments in order; only segments that gain. Entry k names the deployment
     that receives unit k, so the first R entries are the split of R free units, for every R.
     """
-    streams = []
-    for rank, name in enumerate(sorted(demands)):
-        demand = demands[name]
-        values = demand._values
-        top = len(values) - 1 if demand.max_units is None else min(demand.max_units, len(values) - 1)
-        if top <= demand.min_units:
-            continue
-        hull = upper_concave_hull(values, demand.min_units, top)
-        streams.append(
-            [
-                ((values[a] - values[b]) / (b - a), rank, name, b - a)
-                for a, b in zip(hull, hull[1:])
-                if values[b] > values[a]
-            ]
-        )
     units: list[str] = []
-    for _, _, name, length in heapq.merge(*streams, key=lambda segment: segment[:2]):
+    for _, _, name, length in heapq.merge(*segments.values(), key=lambda segment: segment[:2]):
         units.extend([name] * length)
     return units
 
 
-def _best_with_one_aside(demands: Mapping[str, Demand], free: int, aside: str) -> dict[str, int]:
+def _best_with_one_aside(demands: Mapping[str, Demand], free: int, aside: str,
+                         segments: Mapping[str, list[Segment]]) -> dict[str, int]:
     """The best quota for ``aside`` while the others share the rest in hull order.
 
     Greedy on hulls stalls where one deployment's value sits behind a long convex stretch (a
@@ -232,21 +243,27 @@ def _best_with_one_aside(demands: Mapping[str, Demand], free: int, aside: str) -
     exhaustively, with the others' split for every remainder read off one ordered walk, finds it.
     """
     others = {name: demand for name, demand in demands.items() if name != aside}
-    order = _hull_order(others)[:free]
+    order = _hull_order({name: segments[name] for name in sorted(others)})[:free]
     quotas = {name: demand.min_units for name, demand in others.items()}
     # rest[r]: the others' value with r free units.
     rest = [predict(others, quotas)]
+    append = rest.append
+    tables = {name: (demand._values, len(demand._values) - 1) for name, demand in others.items()}
+    running = rest[0]
     for name in order:
-        demand = others[name]
-        before = demand.value(quotas[name])
-        quotas[name] += 1
-        rest.append(rest[-1] + demand.value(quotas[name]) - before)
+        values, top = tables[name]
+        held = quotas[name]
+        quotas[name] = held + 1
+        running = running + values[min(held + 1, top)] - values[min(held, top)]
+        append(running)
     demand = demands[aside]
     low = demand.min_units
     high = low + free if demand.max_units is None else min(demand.max_units, low + free)
+    values, top = demand._values, len(demand._values) - 1
+    last = len(rest) - 1
     best_units, best_value = low, -1.0
     for units in range(low, high + 1):
-        value = demand.value(units) + rest[min(free - (units - low), len(rest) - 1)]
+        value = values[min(units, top)] + rest[min(free - (units - low), last)]
         if value > best_value:
             best_units, best_value = units, value
     split = {name: demand.min_units for name, demand in others.items()}

@@ -139,7 +139,8 @@ def storage_curve(hits: HitCurve, units: int, unit_chunks: float, front_chunks: 
     if units < 0 or unit_chunks <= 0 or front_chunks < 0:
         raise ValueError("units >= 0, unit_chunks > 0 and front_chunks >= 0 are required")
     base = hits.hits_at(front_chunks)
-    return [max(0.0, hits.hits_at(max(front_chunks, units_ * unit_chunks)) - base) for units_ in range(units + 1)]
+    at = hits.hits_at_each([max(front_chunks, units_ * unit_chunks) for units_ in range(units + 1)])
+    return [max(0.0, value - base) for value in at]
 
 
 def concave_fit(points: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:

@@ -41,16 +41,19 @@ WARMUP_HORIZON_INTERVALS = 2.0
 Outcome = Literal["moved", "below-min-gain", "cooldown", "frozen", "dry-run", "static"]
 
 
+_SPEC_DEFAULTS = RebalanceSpec()
+
+
 @dataclass(frozen=True)
 class LoopSettings:
-    """``spec.rebalance`` as the loop reads it (durations in seconds)."""
+    """``spec.rebalance`` as the loop reads it (durations in seconds); the defaults are the KVPool's."""
 
-    policy: RebalancePolicy = "MarginalGain"
-    min_gain: float = 0.01
-    max_step: float = 0.25
-    cooldown_seconds: float = 300.0
-    dry_run: bool = False
-    interval_seconds: float = 60.0
+    policy: RebalancePolicy = _SPEC_DEFAULTS.policy
+    min_gain: float = _SPEC_DEFAULTS.min_gain
+    max_step: float = _SPEC_DEFAULTS.max_step
+    cooldown_seconds: float = _SPEC_DEFAULTS.cooldown
+    dry_run: bool = _SPEC_DEFAULTS.dry_run
+    interval_seconds: float = _SPEC_DEFAULTS.interval
 
     @classmethod
     def from_spec(cls, spec: RebalanceSpec) -> LoopSettings:

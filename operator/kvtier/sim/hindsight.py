@@ -63,16 +63,8 @@ class _DepthTracker(StackDistanceTracker):
     __slots__ = ()
 
     def depth(self, block: Hashable) -> float:
-        time = self._last.get(block)
-        if time is None:
-            return INFINITE
-        below = 0
-        index = time
-        tree = self._tree
-        while index:
-            below += tree[index]
-            index &= index - 1
-        return len(self._last) - below
+        slot = self._last.get(block)
+        return INFINITE if slot is None else self._depth_at(slot)
 
 
 class DepthPartition:

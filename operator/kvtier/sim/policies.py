@@ -18,18 +18,15 @@ from typing import ClassVar
 from kvtier.probe.demand import DemandProbe
 from kvtier.probe.options import ProbeOptions
 from kvtier.rebalance.allocator import Demand, allocate, apportion, moved_units
-from prometheus_client import CollectorRegistry, generate_latest
 
-from kvtier.rebalance.demand import HALF_LIFE_INTERVALS, probe_reading_of
-from kvtier.rebalance.estimator import CounterReading, DemandEstimator
+from kvtier.rebalance.demand import HALF_LIFE_INTERVALS
+from kvtier.rebalance.estimator import CounterReading, DemandEstimator, probe_reading
 from kvtier.rebalance.loop import Decision, DeploymentState, LoopSettings, decide
 from kvtier.sim.cache import IsolatedLRU
 from kvtier.sim.engine import RequestOutcome, Tier
 from kvtier.sim.hindsight import Hindsight, HindsightPool
 from kvtier.sim.replay import Replay, ReplayResult, TenantWorkload
 from kvtier.sim.scenario import Scenario
-from kvtier.telemetry.engines import replica_snapshot
-from kvtier.telemetry.exposition import parse_exposition
 
 #: LMCache's name for the salt of requests that carry none.
 DEFAULT_SALT = "_default"
@@ -128,7 +125,7 @@ class OracleStaticPolicy(Policy):
 
 
 class DynamicPolicy(Policy):
-    """A policy that re-divides the pool at every epoch (``epochSeconds``, 2 x ``epochSeconds``, ...).
+    """A policy that re-divides the pool every :meth:`round_seconds` (by default the epoch).
 
     :meth:`decide` gets the time and the current quotas (what the quota API reports) and returns
     the new split, or None to keep it; the split is checked (every tenant, within the pool) and
@@ -137,6 +134,10 @@ class DynamicPolicy(Policy):
 
     def decide(self, now: float, current: Mapping[str, int]) -> Mapping[str, int] | None:
         raise NotImplementedError
+
+    def round_seconds(self, scenario: Scenario) -> float:
+        """Virtual seconds between two rounds: ``epochSeconds``."""
+        return scenario.epoch_seconds
 
     def attach(self, replay: Replay, scenario: Scenario) -> None:
         tenants = [tenant.name for tenant in scenario.tenants]
@@ -152,7 +153,7 @@ class DynamicPolicy(Policy):
             for name in sorted(tenants, key=lambda name: quotas[name] - current[name]):
                 replay.set_quota(name, quotas[name])
 
-        replay.every(scenario.epoch_seconds, epoch)
+        replay.every(self.round_seconds(scenario), epoch)
 
 
 class OracleDynamicPolicy(DynamicPolicy):
@@ -190,6 +191,11 @@ class OracleDynamicPolicy(DynamicPolicy):
 
 #: Scrapes a tenant's metrics may miss before its quota is frozen.
 STALE_SCRAPES = 3
+#: The ``kvtier`` policy divides a pool in about this many allocation units, as the operator does
+#: (it uses capacity / ``POOL_UNITS``, 4,096, rounded to its quota alignment; the replay's pools are
+#: smaller, and the allocator's work grows with the units: at a thousandth of the pool a unit
+#: changes the hit ratio by less than the noise, see ``bench/``).
+REPLAY_UNITS = 1024
 
 
 class KvtierPolicy(DynamicPolicy):
@@ -199,45 +205,56 @@ class KvtierPolicy(DynamicPolicy):
     default settings) reads every lookup the tenant's LMCache server would log (each request's
     chunk hashes at its arrival; block ids stand in for the hex hashes, which changes no
     distance). Every ``scrapeSeconds`` a hook reads what a scrape would: each probe's histogram
-    and counters (its ``/metrics`` page as text, parsed by telemetry's own parser and read by
-    :func:`~kvtier.rebalance.demand.probe_reading_of`, as the operator reads a pod's page), the
+    and counters (:func:`~kvtier.rebalance.estimator.probe_reading`: exactly what the operator
+    reads from the probe's ``/metrics`` page with telemetry's parser and
+    :func:`~kvtier.rebalance.demand.probe_reading_of`, the text round trip being lossless), the
     engines' LMCache counters and the quotas, into one
-    :class:`~kvtier.rebalance.estimator.DemandEstimator` per tenant. Every epoch,
-    :func:`~kvtier.rebalance.loop.decide` turns the estimates into a split with the scenario's
-    ``rebalance`` settings (a pool that moved less than ``cooldown`` ago waits); the replay applies
+    :class:`~kvtier.rebalance.estimator.DemandEstimator` per tenant. Every ``interval`` of the
+    scenario's ``rebalance`` (a KVPool's ``spec.rebalance``, the KVPool's defaults when absent),
+    :func:`~kvtier.rebalance.loop.decide` turns the estimates into a split with those settings
+    (a pool that moved less than ``cooldown`` ago waits); the replay applies
     it through the quota semantics (a shrink evicts at once, a grown partition starts empty).
-    Hits are valued in tokens (the scenarios' objective is the hit ratio). Nothing here reads the
-    trace ahead or any simulator state a pod does not expose.
+    A hit token is valued by the GPU seconds it saves (the tenant's cost model, over its mean prompt
+    length from the engines' counters: a hit of a long-context tenant is worth more). Nothing here
+    reads the trace ahead or any simulator state a pod does not expose.
     """
 
     name = "kvtier"
 
-    def __init__(self, scenario: Scenario) -> None:
-        rebalance = scenario.rebalance
-        self.settings = LoopSettings(rebalance.policy, rebalance.min_gain, rebalance.max_step,
-                                     rebalance.cooldown_seconds, interval_seconds=scenario.epoch_seconds)
+    def __init__(self, scenario: Scenario, half_life_intervals: float = HALF_LIFE_INTERVALS,
+                 units: int = REPLAY_UNITS) -> None:
+        self.settings = LoopSettings.from_spec(scenario.rebalance)
         self.scenario = scenario
         self.estimators = {
-            tenant.name: DemandEstimator(HALF_LIFE_INTERVALS * scenario.epoch_seconds,
+            tenant.name: DemandEstimator(half_life_intervals * self.settings.interval_seconds,
                                          STALE_SCRAPES * scenario.scrape_seconds)
             for tenant in scenario.tenants
         }
+        self.costs = [tenant.cost() for tenant in scenario.tenants]
+        #: Per tenant, prompt tokens and requests at the last scrape (vLLM's counters).
+        self.prompts: dict[str, tuple[int, int]] = {}
+        #: Blocks per allocation unit: the pool is divided in about ``units`` units.
+        self.unit_blocks = max(1, -(-scenario.capacity_blocks // units))
         self.last_move: float | None = None
-        #: Every epoch's decision, with its time.
+        #: Every round's decision (quotas in allocation units), with its time.
         self.decisions: list[tuple[float, Decision]] = []
 
     def initial_quotas(self, scenario: Scenario) -> dict[str, int]:
-        return EqualPolicy().initial_quotas(scenario)
+        """An equal split in whole allocation units."""
+        shares = split_evenly(scenario.capacity_blocks // self.unit_blocks, len(scenario.tenants))
+        return {tenant.name: share * self.unit_blocks for tenant, share in zip(scenario.tenants, shares)}
+
+    def round_seconds(self, scenario: Scenario) -> float:
+        """The rebalance ``interval``."""
+        return self.settings.interval_seconds
 
     def attach(self, replay: Replay, scenario: Scenario) -> None:
         defaults = ProbeOptions(log_dir="")
-        probes, registries = {}, {}
+        probes = {}
         for tenant in scenario.tenants:
             probe = probes[tenant.name] = DemandProbe(defaults.max_blocks, window_seconds=defaults.window,
                                                       tick_seconds=defaults.tick,
                                                       buckets_per_octave=defaults.buckets_per_octave)
-            registries[tenant.name] = CollectorRegistry()
-            registries[tenant.name].register(probe)
             for engine in replay.replicas[tenant.name]:
                 engine.listeners.append(_lookup_log(probe))
 
@@ -245,13 +262,13 @@ class KvtierPolicy(DynamicPolicy):
             for name, probe in probes.items():
                 probe.advance(now)
                 estimator = self.estimators[name]
-                page = replica_snapshot(probe=parse_exposition(generate_latest(registries[name])))
-                reading = probe_reading_of(page, now)
-                if reading is not None:
-                    estimator.observe_probe(reading)
+                # What the operator reads from the probe's page (the text round trip is lossless:
+                # tests/unit/test_sim_kvtier.py), without rendering and parsing it every scrape.
+                estimator.observe_probe(probe_reading(probe, now))
                 stats = [engine.stats for engine in replay.replicas[name]]
+                self.prompts[name] = (sum(s.prompt_tokens for s in stats), sum(s.requests for s in stats))
                 estimator.observe_counters(CounterReading(
-                    now, replay.quota(name), sum(s.external_query_tokens for s in stats),
+                    now, replay.quota(name) // self.unit_blocks, sum(s.external_query_tokens for s in stats),
                     sum(s.hit_tokens[Tier.STORAGE] for s in stats), sum(s.requests for s in stats)))
 
         # Registered first: a scrape due with an epoch runs before the epoch's decision.
@@ -260,21 +277,26 @@ class KvtierPolicy(DynamicPolicy):
 
     def decide(self, now: float, current: Mapping[str, int]) -> Mapping[str, int] | None:
         scenario = self.scenario
-        capacity = scenario.capacity_blocks
+        unit = self.unit_blocks
+        capacity = scenario.capacity_blocks // unit
         states = {}
-        for tenant in scenario.tenants:
+        for tenant, cost in zip(scenario.tenants, self.costs):
             estimate = self.estimators[tenant.name].estimate(
-                now, capacity, unit_chunks=1, chunk_tokens=scenario.block_tokens,
+                now, capacity, unit_chunks=unit, chunk_tokens=scenario.block_tokens,
                 front_chunks=max(tenant.hbm_blocks, tenant.cpu_blocks))
-            states[tenant.name] = DeploymentState(current[tenant.name], estimate, weight=tenant.weight,
-                                                  min_units=tenant.min_blocks, max_units=tenant.max_blocks,
-                                                  unit_tokens=scenario.block_tokens)
+            max_units = None if tenant.max_blocks is None else tenant.max_blocks // unit
+            # A hit token is worth the GPU seconds it saves, on average over the tenant's mean prompt.
+            prompt_tokens, requests = self.prompts.get(tenant.name, (0, 0))
+            hit_value = cost.saved_per_hit_token(prompt_tokens / requests if requests else 0.0)
+            states[tenant.name] = DeploymentState(current[tenant.name] // unit, estimate, hit_value=hit_value,
+                                                  weight=tenant.weight, min_units=-(-tenant.min_blocks // unit),
+                                                  max_units=max_units, unit_tokens=unit * scenario.block_tokens)
         decision = decide(states, capacity, self.settings, now, self.last_move)
         self.decisions.append((now, decision))
         if not decision.applies:
             return None
         self.last_move = now
-        return decision.target
+        return {name: units * unit for name, units in decision.target.items()}
 
 
 def _lookup_log(probe: DemandProbe) -> Callable[[RequestOutcome], None]:
@@ -308,9 +330,10 @@ def build_policies(
 
 @dataclass
 class Timeline:
-    """Each salt's quota and the cumulative block counts at time 0, at every epoch and at the end.
+    """Each salt's quota and the cumulative block counts at time 0, at every round of the policy
+    (every epoch for static ones) and at the end.
 
-    A move is one salt's quota changing at an epoch; ``moved_blocks`` sums the increases.
+    A move is one salt's quota changing at a round; ``moved_blocks`` sums the increases.
     """
 
     times: list[float] = field(default_factory=list)
@@ -352,8 +375,9 @@ def run_policy(
     policy.attach(replay, scenario)
     if timeline is not None:
         timeline.record(replay, 0.0)
-        # Registered after the policy's hooks, so it sees each epoch's new quotas.
-        replay.every(scenario.epoch_seconds, lambda now: timeline.record(replay, now))
+        # Registered after the policy's hooks, so it sees each round's new quotas.
+        period = policy.round_seconds(scenario) if isinstance(policy, DynamicPolicy) else scenario.epoch_seconds
+        replay.every(period, lambda now: timeline.record(replay, now))
     result = replay.run()
     if timeline is not None:
         timeline.record(replay, replay.now)

@@ -3,11 +3,15 @@
 Each tenant runs ``replicas`` :class:`~kvtier.sim.engine.Engine` s, each with its own HBM and
 CPU tiers, sharing one storage tier: the tenant's salt's partition of one
 :class:`~kvtier.sim.cache.IsolatedLRU` pool (so a partition is one LRU, as the scenario format
-requires). A request goes to the replica whose prefill engine frees up first (ties: the lowest
-index). Requests of all tenants are merged in arrival order (ties: tenant order, then trace
+requires). A request goes to the replica whose GPUs free up first (its :class:`PrefillQueue`; ties: the
+lowest index). Requests of all tenants are merged in arrival order (ties: tenant order, then trace
 order) and served without sleeping. Hooks run every N virtual seconds, at N, 2N, ..., after
 every request arriving before that time and before the first arriving at or after it: this is
 where scrapes and policy epochs happen, and a hook may change quotas or read the engines.
+
+Latency and prefill work come from each tenant's :class:`~kvtier.rebalance.costmodel.CostModel`
+through one :class:`PrefillQueue` per replica (TTFT, GPU seconds saved, storage read seconds);
+the engines decide the hits.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvtier.rebalance.costmodel import CostModel
 from kvtier.sim.cache import IsolatedLRU
 from kvtier.sim.engine import Engine, EngineParams, EngineStats, RequestOutcome, Tier
 from kvtier.sim.trace import Request
@@ -35,6 +40,16 @@ class TenantWorkload:
     #: The pool partition (LMCache ``cache_salt``) the tenant stores into; defaults to its name.
     salt: str | None = None
     replicas: int = 1
+    #: Prefill and load times of one replica (default: the engine parameters' linear model).
+    cost: CostModel | None = None
+
+    @property
+    def cost_model(self) -> CostModel:
+        if self.cost is not None:
+            return self.cost
+        params = self.params
+        return CostModel.linear(params.prefill_tokens_per_second, params.kv_bytes_per_token,
+                                params.storage_read_bytes_per_second)
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,12 @@ class TenantResult:
     prefill_seconds_saved: float
     ttft_p50_seconds: float
     ttft_p99_seconds: float
+    gpu_prefill_seconds: float = 0.0
+    """GPU seconds spent prefilling (the cost model's)."""
+    gpu_prefill_seconds_saved: float = 0.0
+    """GPU seconds of prefill the hits avoided."""
+    storage_read_seconds: float = 0.0
+    """Seconds the replicas' storage paths spent reading hit KV."""
 
     @property
     def block_hit_ratio(self) -> float:
@@ -70,6 +91,9 @@ class TenantResult:
             "prefill_seconds_saved": self.prefill_seconds_saved,
             "ttft_p50_seconds": self.ttft_p50_seconds,
             "ttft_p99_seconds": self.ttft_p99_seconds,
+            "gpu_prefill_seconds": self.gpu_prefill_seconds,
+            "gpu_prefill_seconds_saved": self.gpu_prefill_seconds_saved,
+            "storage_read_seconds": self.storage_read_seconds,
             "hit_blocks_by_tier": dict(self.hit_blocks_by_tier),
             "hit_tokens_by_tier": dict(self.hit_tokens_by_tier),
         }
@@ -92,6 +116,56 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     low = math.floor(rank)
     high = min(low + 1, len(sorted_values) - 1)
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
+
+
+class PrefillQueue:
+    """One replica's prefill in virtual time: its GPUs and its storage path, each first come first served.
+
+    A request reads its storage hits (and CPU hits, off the storage path) and prefills its missed
+    tokens. Loads run layer by layer ahead of the compute: the GPUs may start once the first
+    layer is in, and finish no earlier than one layer after the last load. The GPUs are held only
+    while they compute. TTFT = first token - arrival.
+    """
+
+    __slots__ = ("model", "cpu_read_bytes_per_second", "gpu_free_at", "storage_free_at", "ttfts",
+                 "gpu_seconds", "gpu_seconds_saved", "storage_read_seconds")
+
+    def __init__(self, model: CostModel, cpu_read_bytes_per_second: float) -> None:
+        self.model = model
+        self.cpu_read_bytes_per_second = cpu_read_bytes_per_second
+        self.gpu_free_at = -math.inf
+        self.storage_free_at = -math.inf
+        self.ttfts: list[float] = []
+        self.gpu_seconds = 0.0
+        self.gpu_seconds_saved = 0.0
+        self.storage_read_seconds = 0.0
+
+    def serve(self, arrival: float, prompt_tokens: int, hit_tokens: tuple[int, int, int]) -> float:
+        """Queue one request (hit tokens per tier: HBM, CPU, storage); returns its first-token time."""
+        model = self.model
+        hits = min(prompt_tokens, sum(hit_tokens))
+        compute = model.prefill_seconds(hits, prompt_tokens)
+        self.gpu_seconds += compute
+        self.gpu_seconds_saved += model.prefill_seconds(0, hits)
+        read = model.load_seconds(hit_tokens[2])
+        load_start = arrival
+        if read > 0:
+            load_start = max(arrival, self.storage_free_at)
+            self.storage_free_at = load_start + read
+            self.storage_read_seconds += read
+        load = read + model.load_seconds(hit_tokens[1], self.cpu_read_bytes_per_second)
+        layers = model.layers
+        start = max(arrival, self.gpu_free_at, load_start + load / layers, load_start + load + compute / layers - compute)
+        first_token = start + compute
+        self.gpu_free_at = first_token
+        self.ttfts.append(first_token - arrival)
+        return first_token
+
+    def listener(self) -> Callable[[RequestOutcome], None]:
+        def serve(outcome: RequestOutcome) -> None:
+            self.serve(outcome.arrival, outcome.input_tokens, outcome.hit_tokens)
+
+        return serve
 
 
 @dataclass(order=True)
@@ -133,7 +207,12 @@ class Replay:
         #: Virtual time: the arrival of the request being served, or of the hook running.
         self.now = 0.0
         self._schedules: list[_Schedule] = []
-        self._ttfts: dict[str, list[float]] = {tenant.name: [] for tenant in tenants}
+        #: Tenant name -> its replicas' prefill queues (latency and prefill work).
+        self.queues = {
+            tenant.name: [PrefillQueue(tenant.cost_model, tenant.params.cpu_read_bytes_per_second)
+                          for _ in range(tenant.replicas)]
+            for tenant in tenants
+        }
         self._done = False
 
     def every(self, seconds: float, hook: Hook) -> None:
@@ -155,10 +234,11 @@ class Replay:
             raise RuntimeError("a Replay runs once")
         self._done = True
         for name, engines in self.replicas.items():
-            for engine in engines:
-                engine.listeners.append(_ttft_collector(self._ttfts[name]))
+            for engine, queue in zip(engines, self.queues[name]):
+                engine.listeners.append(queue.listener())
         streams = [_tagged(tenant.requests, index) for index, tenant in enumerate(self.tenants)]
         replicas = [self.replicas[tenant.name] for tenant in self.tenants]
+        queues = [self.queues[tenant.name] for tenant in self.tenants]
         schedules = self._schedules
         next_due = schedules[0].due if schedules else math.inf
         for arrival, index, request in heapq.merge(*streams, key=lambda item: (item[0], item[1])):
@@ -166,7 +246,11 @@ class Replay:
                 next_due = self._run_hooks(arrival)
             self.now = arrival
             engines = replicas[index]
-            engine = engines[0] if len(engines) == 1 else min(engines, key=_prefill_free_at)
+            if len(engines) == 1:
+                engine = engines[0]
+            else:  # the replica whose GPUs free up first
+                tenant_queues = queues[index]
+                engine = engines[min(range(len(engines)), key=lambda replica: tenant_queues[replica].gpu_free_at)]
             engine.submit(arrival, request.blocks, request.input_tokens, request.output_tokens)
         return self.result()
 
@@ -185,11 +269,11 @@ class Replay:
     def result(self) -> ReplayResult:
         """Totals so far, per tenant and over all tenants."""
         per_tenant = {
-            name: _totals([engine.stats for engine in engines], self._ttfts[name])
+            name: _totals([engine.stats for engine in engines], self.queues[name])
             for name, engines in self.replicas.items()
         }
-        every_ttft = [ttft for ttfts in self._ttfts.values() for ttft in ttfts]
-        overall = _totals([engine.stats for engines in self.replicas.values() for engine in engines], every_ttft)
+        overall = _totals([engine.stats for engines in self.replicas.values() for engine in engines],
+                          [queue for queues in self.queues.values() for queue in queues])
         return ReplayResult(overall, per_tenant)
 
 
@@ -198,19 +282,8 @@ def _tagged(requests: Sequence[Request], index: int) -> Iterator[tuple[float, in
         yield request.arrival, index, request
 
 
-def _prefill_free_at(engine: Engine) -> float:
-    return engine.prefill_free_at
-
-
-def _ttft_collector(sink: list[float]) -> Callable[[RequestOutcome], None]:
-    def collect(outcome: RequestOutcome) -> None:
-        sink.append(outcome.first_token - outcome.arrival)
-
-    return collect
-
-
-def _totals(stats: Sequence[EngineStats], ttfts: list[float]) -> TenantResult:
-    ordered = sorted(ttfts)
+def _totals(stats: Sequence[EngineStats], queues: Sequence[PrefillQueue]) -> TenantResult:
+    ordered = sorted(ttft for queue in queues for ttft in queue.ttfts)
     return TenantResult(
         requests=sum(s.requests for s in stats),
         accessed_blocks=sum(s.accessed_blocks for s in stats),
@@ -222,4 +295,7 @@ def _totals(stats: Sequence[EngineStats], ttfts: list[float]) -> TenantResult:
         prefill_seconds_saved=sum(s.prefill_seconds_saved for s in stats),
         ttft_p50_seconds=percentile(ordered, 50),
         ttft_p99_seconds=percentile(ordered, 99),
+        gpu_prefill_seconds=sum(queue.gpu_seconds for queue in queues),
+        gpu_prefill_seconds_saved=sum(queue.gpu_seconds_saved for queue in queues),
+        storage_read_seconds=sum(queue.storage_read_seconds for queue in queues),
     )

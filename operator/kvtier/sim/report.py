@@ -28,6 +28,14 @@ class PolicyRun:
     #: False for ``shared``: one LRU, no per-tenant quotas.
     partitioned: bool = True
     decisions: tuple[tuple[float, Decision], ...] = ()
+    #: Wall seconds of the replay.
+    seconds: float = 0.0
+    #: Blocks per allocation unit of the ``kvtier`` policy's decisions.
+    unit_blocks: int = 1
+
+    @property
+    def accesses_per_second(self) -> float:
+        return self.result.overall.accessed_blocks / self.seconds if self.seconds > 0 else 0.0
 
 
 def replay_scenario(
@@ -48,12 +56,16 @@ def replay_scenario(
         policy = policies[name]
         timeline = Timeline()
         result = run_policy(policy, scenario, workloads, timeline)
+        seconds = time.perf_counter() - started
         progress(
             f"[{index}/{len(names)}] {name}: block hit ratio {result.overall.block_hit_ratio:.4f}, "
-            f"{timeline.moves} moves ({time.perf_counter() - started:.1f} s)"
+            f"GPU prefill s saved {result.overall.gpu_prefill_seconds_saved:,.0f}, {timeline.moves} moves "
+            f"({seconds:.1f} s, {result.overall.accessed_blocks / seconds:,.0f} block accesses/s)"
         )
-        decisions = tuple(policy.decisions) if isinstance(policy, KvtierPolicy) else ()
-        runs.append(PolicyRun(name, result, timeline, not isinstance(policy, SharedPolicy), decisions))
+        kvtier = isinstance(policy, KvtierPolicy)
+        runs.append(PolicyRun(name, result, timeline, not isinstance(policy, SharedPolicy),
+                              tuple(policy.decisions) if kvtier else (), seconds,
+                              policy.unit_blocks if kvtier else 1))
     return runs
 
 
@@ -70,6 +82,10 @@ def to_json(scenario: Scenario, runs: Sequence[PolicyRun]) -> dict[str, Any]:
             "prefill_seconds_saved": overall.prefill_seconds_saved,
             "ttft_p50_seconds": overall.ttft_p50_seconds,
             "ttft_p99_seconds": overall.ttft_p99_seconds,
+            "gpu_prefill_seconds": overall.gpu_prefill_seconds,
+            "gpu_prefill_seconds_saved": overall.gpu_prefill_seconds_saved,
+            "storage_read_seconds": overall.storage_read_seconds,
+            "block_accesses_per_second": run.accesses_per_second,
             "moves": run.timeline.moves,
             "moved_blocks": run.timeline.moved_blocks,
             "per_tenant": {
@@ -77,6 +93,8 @@ def to_json(scenario: Scenario, runs: Sequence[PolicyRun]) -> dict[str, Any]:
                     "block_hit_ratio": tenant.block_hit_ratio,
                     "hit_blocks": tenant.hit_blocks,
                     "accessed_blocks": tenant.accessed_blocks,
+                    "gpu_prefill_seconds_saved": tenant.gpu_prefill_seconds_saved,
+                    "ttft_p50_seconds": tenant.ttft_p50_seconds,
                 }
                 for name, tenant in run.result.per_tenant.items()
             },
@@ -95,18 +113,22 @@ def to_markdown(scenario: Scenario, runs: Sequence[PolicyRun], plot: str | None 
         f"# Replay: {scenario.name}",
         "",
         f"{len(tenants)} tenants ({', '.join(tenants)}) share a pool of {scenario.capacity_blocks:,} blocks "
-        f"of {scenario.block_tokens} tokens; dynamic policies re-divide it every {scenario.epoch_seconds:g} s "
-        "of virtual time. Semantics: `scenarios/README.md`.",
+        f"of {scenario.block_tokens} tokens; `oracle-dynamic` re-divides it every {scenario.epoch_seconds:g} s "
+        f"of virtual time, `kvtier` every {scenario.rebalance.interval:g} s (`rebalance`: "
+        f"{scenario.rebalance.model_dump_json(by_alias=True)}). Semantics: `scenarios/README.md`; "
+        "GPU seconds and TTFT from each tenant's cost model (`docs/cost-model.md`).",
         "",
-        "| policy | block hit ratio | token hit ratio | prefill s saved | TTFT p50 s | TTFT p99 s | moves | moved blocks |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| policy | block hit ratio | token hit ratio | GPU prefill s saved | storage read s | TTFT p50 s | "
+        "TTFT p99 s | prefill s saved (flat) | moves | moved blocks | block accesses/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in runs:
         o = run.result.overall
         lines.append(
-            f"| {run.name} | {o.block_hit_ratio:.4f} | {o.token_hit_ratio:.4f} | {o.prefill_seconds_saved:,.1f} | "
-            f"{o.ttft_p50_seconds:.3f} | {o.ttft_p99_seconds:.3f} | {run.timeline.moves} | "
-            f"{run.timeline.moved_blocks:,} |"
+            f"| {run.name} | {o.block_hit_ratio:.4f} | {o.token_hit_ratio:.4f} | {o.gpu_prefill_seconds_saved:,.1f} | "
+            f"{o.storage_read_seconds:,.1f} | {o.ttft_p50_seconds:.3f} | {o.ttft_p99_seconds:.3f} | "
+            f"{o.prefill_seconds_saved:,.1f} | {run.timeline.moves} | {run.timeline.moved_blocks:,} | "
+            f"{run.accesses_per_second:,.0f} |"
         )
     if runs:
         accessed = runs[0].result.overall.accessed_blocks
@@ -128,16 +150,17 @@ def to_markdown(scenario: Scenario, runs: Sequence[PolicyRun], plot: str | None 
                 low, high = min(q.get(tenant, 0) for q in quotas), max(q.get(tenant, 0) for q in quotas)
                 cells.append(f"{low:,}" if low == high else f"{low:,} .. {high:,}")
             lines.append(f"| {run.name} | " + " | ".join(cells) + " |")
-    lines += ["", "Prefill seconds saved per hit block (README: block tokens / prefill speed - block bytes / read "
+    lines += ["", "Flat prefill seconds saved per hit block (the format's field: block tokens / prefill speed - block bytes / read "
               "bandwidth; negative when loading a block from the pool is slower than recomputing it): "
               + ", ".join(f"{t.name} {_saved_per_storage_hit(scenario, t) * 1000:+.1f} ms" for t in scenario.tenants)
               + "."]
     for run in runs:
         if run.decisions:
-            lines += ["", f"## `{run.name}` rounds", "", "| time s | outcome | quotas after | reason |",
-                      "|---:|---|---|---|"]
+            lines += ["", f"## `{run.name}` rounds", "",
+                      f"Quotas in blocks; the reasons count allocation units of {run.unit_blocks} blocks.", "",
+                      "| time s | outcome | quotas after | reason |", "|---:|---|---|---|"]
             lines += [f"| {now:g} | {decision.outcome} | "
-                      + ", ".join(f"{name} {decision.target[name]:,}" for name in tenants)
+                      + ", ".join(f"{name} {decision.target[name] * run.unit_blocks:,}" for name in tenants)
                       + f" | {decision.reason} |" for now, decision in run.decisions]
     if plot:
         lines += ["", f"![quota per tenant over time, hit ratio per policy]({plot})"]

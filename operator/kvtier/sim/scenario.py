@@ -1,11 +1,16 @@
 """Replay scenarios (format version 1 of ``scenarios/README.md``): a pool shared by tenants replaying traces.
 
 Beyond the format's fields, a tenant may set the engine latency model's knobs (all optional):
-``replicas``, ``cpuReadBytesPerSecond``, ``maxRunningRequests``, ``decodeSecondsPerToken``.
+``replicas``, ``cpuReadBytesPerSecond``, ``maxRunningRequests``, ``decodeSecondsPerToken``, and
+``costModel``: a preset of :mod:`kvtier.rebalance.costmodel` (a model shape on its replica's
+GPUs: prefill time with the attention term) instead of the flat ``prefillTokensPerSecond``.
 ``replicas: auto`` (the default) runs enough replicas that the trace's mean prefill demand, with
 no cache hits, loads them to at most 70%; replicas only change latency, never hit ratios.
-A scenario may also set the ``kvtier`` policy's ``rebalance`` settings (``policy``, ``minGain``,
-``maxStep``, ``cooldownSeconds``; see :class:`ScenarioRebalance`; the interval is ``epochSeconds``).
+A scenario may also set the ``kvtier`` policy's ``rebalance`` settings: exactly a KVPool's
+``spec.rebalance`` (:class:`~kvtier.api.kvpool.RebalanceSpec`: ``policy``, ``interval``,
+``cooldown``, ``minGain``, ``maxStep``, ``dryRun``), with the same defaults, so a scenario without
+the block replays what a KVPool gets by default. ``kvtier`` runs a round every ``interval``;
+``epochSeconds`` only defines the epochs of ``oracle-dynamic`` (and the timeline of the others).
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 from pydantic.alias_generators import to_camel
 
-from kvtier.api.kvpool import RebalancePolicy, RebalanceSpec
+from kvtier.api.kvpool import RebalanceSpec
 from kvtier.api.units import parse_quantity
+from kvtier.rebalance.costmodel import PRESETS, CostModel, preset
 from kvtier.sim.engine import EngineParams
 from kvtier.sim.replay import TenantWorkload
 from kvtier.sim.trace import Request, TimestampUnit, load_trace
@@ -67,29 +73,29 @@ class ScenarioTenant(_Model):
     cpu_read_bytes_per_second: float = Field(default=_ENGINE_DEFAULTS.cpu_read_bytes_per_second, gt=0)
     max_running_requests: int = Field(default=_ENGINE_DEFAULTS.max_running_requests, ge=1)
     decode_seconds_per_token: float = Field(default=_ENGINE_DEFAULTS.decode_seconds_per_token, ge=0)
+    cost_model: str | None = None
+    """A preset of kvtier.rebalance.costmodel.PRESETS; its kvBytesPerToken must match."""
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> ScenarioTenant:
         if self.max_blocks is not None and self.max_blocks < self.min_blocks:
             raise ValueError(f"tenant {self.name}: maxBlocks < minBlocks")
+        if self.cost_model is not None:
+            if self.cost_model not in PRESETS:
+                raise ValueError(f"tenant {self.name}: costModel {self.cost_model!r} is not one of "
+                                 f"{', '.join(sorted(PRESETS))}")
+            kv_bytes = self.cost().kv_bytes_per_token
+            if kv_bytes != self.kv_bytes_per_token:
+                raise ValueError(f"tenant {self.name}: kvBytesPerToken {self.kv_bytes_per_token} differs from "
+                                 f"costModel {self.cost_model}'s {kv_bytes}")
         return self
 
-
-_REBALANCE_DEFAULTS = RebalanceSpec()
-
-
-class ScenarioRebalance(_Model):
-    """The ``kvtier`` policy's ``spec.rebalance``; the interval is ``epochSeconds``.
-
-    By default the policy may re-divide the whole pool at every epoch, as the format defines
-    dynamic policies (``maxStep: 1``, no cooldown beyond the epoch); ``minGain`` is the KVPool
-    default. Set ``maxStep: 0.25, cooldownSeconds: 300`` for the KVPool defaults.
-    """
-
-    policy: RebalancePolicy = _REBALANCE_DEFAULTS.policy
-    min_gain: float = Field(default=_REBALANCE_DEFAULTS.min_gain, ge=0)
-    max_step: float = Field(default=1.0, gt=0, le=1)
-    cooldown_seconds: float = Field(default=0.0, ge=0)
+    def cost(self) -> CostModel:
+        """One replica's prefill and load times: the preset, else flat at prefillTokensPerSecond."""
+        if self.cost_model is not None:
+            return preset(self.cost_model, self.storage_read_bytes_per_second)
+        return CostModel.linear(self.prefill_tokens_per_second, self.kv_bytes_per_token,
+                                self.storage_read_bytes_per_second)
 
 
 class Scenario(_Model):
@@ -101,7 +107,8 @@ class Scenario(_Model):
     pool: ScenarioPool
     tenants: list[ScenarioTenant] = Field(min_length=1)
     policies: list[PolicyName] = Field(min_length=1)
-    rebalance: ScenarioRebalance = Field(default_factory=ScenarioRebalance)
+    rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec)
+    """The ``kvtier`` policy's settings: a KVPool's ``spec.rebalance``, defaults included."""
     _base_dir: Path = PrivateAttr(default=Path("."))
 
     @model_validator(mode="after")
@@ -150,24 +157,25 @@ class Scenario(_Model):
                 time_shift_seconds=tenant.time_shift_seconds,
                 namespace=index,
             )
+            cost = tenant.cost()
             replicas = tenant.replicas
             if replicas == "auto":
-                replicas = auto_replicas(requests, tenant.prefill_tokens_per_second)
+                replicas = auto_replicas(requests, cost)
             workloads.append(
-                TenantWorkload(tenant.name, requests, self.engine_params(tenant), replicas=replicas)
+                TenantWorkload(tenant.name, requests, self.engine_params(tenant), replicas=replicas, cost=cost)
             )
         return workloads
 
 
-def auto_replicas(requests: list[Request], prefill_tokens_per_second: float, utilisation: float = 0.7) -> int:
-    """Replicas whose prefill engines the requests' mean demand (no hits) loads to ``utilisation``."""
+def auto_replicas(requests: list[Request], cost: CostModel, utilisation: float = 0.7) -> int:
+    """Replicas whose GPUs the requests' mean prefill demand (no hits) loads to ``utilisation``."""
     if len(requests) < 2:
         return 1
     span = requests[-1].arrival - requests[0].arrival
-    tokens = sum(request.input_tokens for request in requests)
     if span <= 0:
         return 1
-    return max(1, math.ceil(tokens / span / (prefill_tokens_per_second * utilisation)))
+    seconds = sum(cost.prefill_seconds(0, request.input_tokens) for request in requests)
+    return max(1, math.ceil(seconds / span / utilisation))
 
 
 def load_scenario(path: str | os.PathLike[str]) -> Scenario:

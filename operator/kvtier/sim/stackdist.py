@@ -10,16 +10,20 @@ so the *effective* distance of block k is the maximum of the distances of blocks
 hits at capacity C exactly when its effective distance is <= C. Hits at C = number of accesses
 with effective distance <= C, for every C, from one pass.
 
-Distances are counted with a Fenwick tree over touch times (one mark at each tracked block's
-last touch): O(log n) per access. The timeline is renumbered when it fills up, so memory is
-proportional to the tracked blocks, not to the stream length.
+Distances are counted over a timeline of touch slots: every touch takes the next slot, and a
+block's previous slot loses its mark. The marks below slot p are p minus the slots below p that
+lost theirs, counted at three levels (slot bits, 512-slot and 32,768-slot counters), so a touch
+costs O(1) and a lookup O(sqrt-ish) in C-level slices. A block whose slot is right below the
+previous block's (they were touched together, as a prompt's prefix is) is one deeper, with no
+count at all. The timeline is renumbered when it fills up, so memory is proportional to the
+tracked blocks, not to the stream length.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
-from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 
 #: The distance of a block the stack does not hold (never seen, or beyond a bounded tracker).
@@ -28,6 +32,9 @@ INFINITE = math.inf
 Distance = int | float  # an int >= 1, or INFINITE
 
 _MIN_TIMELINE = 1024
+_FINE = 9  # log2 of the slots per fine counter
+_COARSE = 15  # log2 of the slots per coarse counter
+_FINE_PER_COARSE = 1 << (_COARSE - _FINE)
 
 
 class StackDistanceTracker:
@@ -38,62 +45,72 @@ class StackDistanceTracker:
     are still exact, so the hit-ratio curve is exact for every capacity <= ``max_blocks``.
     """
 
-    __slots__ = ("_last", "_tree", "_size", "_now", "max_blocks")
+    __slots__ = ("_last", "_owner", "_unmarked", "_fine", "_coarse", "_size", "_now", "_oldest", "max_blocks")
 
     def __init__(self, max_blocks: int | None = None) -> None:
         if max_blocks is not None and max_blocks < 1:
             raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
         self.max_blocks = max_blocks
-        # Tracked block -> time of its last touch, least recently touched first.
-        self._last: OrderedDict[Hashable, int] = OrderedDict()
-        # Fenwick tree (1-based) over times 0..size-1: position t+1 counts a mark at time t.
-        self._size = _MIN_TIMELINE
-        self._tree = [0] * (self._size + 1)
-        self._now = 0
+        self._reset([], _MIN_TIMELINE)
+
+    def _reset(self, order: list[Hashable], size: int) -> None:
+        """A timeline of ``size`` slots whose first ``len(order)`` hold ``order`` (least recent first)."""
+        tracked = len(order)
+        # Tracked block -> slot of its last touch.
+        self._last: dict[Hashable, int] = dict(zip(order, range(tracked)))
+        self._owner: list[Hashable | None] = order + [None] * (size - tracked)
+        # 1 at every slot below _now without a mark (its block was touched again, or forgotten).
+        self._unmarked = bytearray(size)
+        self._fine = [0] * ((size >> _FINE) + 1)
+        self._coarse = [0] * ((size >> _COARSE) + 1)
+        self._size = size
+        self._now = tracked
+        self._oldest = 0  # no mark below this slot
 
     def __len__(self) -> int:
         """Distinct blocks tracked."""
         return len(self._last)
 
+    def _depth_at(self, slot: int) -> int:
+        """Stack position (1-based) of the block last touched at ``slot``: the marks at or above it."""
+        fine_index = slot >> _FINE
+        coarse_index = slot >> _COARSE
+        unmarked = (sum(self._coarse[:coarse_index]) + sum(self._fine[coarse_index * _FINE_PER_COARSE:fine_index])
+                    + self._unmarked.count(1, fine_index << _FINE, slot))
+        return len(self._last) - slot + unmarked
+
     def access(self, blocks: Sequence[Hashable]) -> list[Distance]:
         """One request: returns each block's effective distance, then touches the blocks."""
-        if self._now + len(blocks) > self._size:
-            self._renumber(len(blocks))
+        count = len(blocks)
+        if self._now + count > self._size:
+            self._renumber(count)
         last = self._last
-        tree = self._tree
-        size = self._size
-        depth = len(last)
         distances: list[Distance] = []
         effective = 0
+        previous_slot = previous = -2
         for block in blocks:
-            time = last.get(block)
-            if time is None:
+            slot = last.get(block)
+            if slot is None:
                 # Every later block of the request misses at every capacity too.
-                distances.extend([INFINITE] * (len(blocks) - len(distances)))
+                distances.extend([INFINITE] * (count - len(distances)))
                 break
-            # Marks at times < time; the block's position is the count of marks at or after it.
-            below = 0
-            index = time
-            while index:
-                below += tree[index]
-                index &= index - 1
-            if depth - below > effective:
-                effective = depth - below
+            # Touched right before the previous block: exactly one deeper.
+            distance = previous + 1 if slot == previous_slot - 1 else self._depth_at(slot)
+            previous_slot, previous = slot, distance
+            if distance > effective:
+                effective = distance
             distances.append(effective)
         now = self._now
-        pop = last.pop
+        owner, unmarked, fine, coarse = self._owner, self._unmarked, self._fine, self._coarse
+        get = last.get
         for block in reversed(blocks):
-            time = pop(block, None)
-            if time is not None:
-                index = time + 1
-                while index <= size:
-                    tree[index] -= 1
-                    index += index & -index
+            slot = get(block)
+            if slot is not None:
+                unmarked[slot] = 1
+                fine[slot >> _FINE] += 1
+                coarse[slot >> _COARSE] += 1
             last[block] = now
-            index = now + 1
-            while index <= size:
-                tree[index] += 1
-                index += index & -index
+            owner[now] = block
             now += 1
         self._now = now
         if self.max_blocks is not None and len(last) > self.max_blocks:
@@ -102,25 +119,26 @@ class StackDistanceTracker:
 
     def _forget(self, count: int) -> None:
         """Drop the ``count`` least recently touched blocks (the bottom of the stack)."""
-        last = self._last
-        tree = self._tree
-        size = self._size
+        last, owner, unmarked, fine, coarse = self._last, self._owner, self._unmarked, self._fine, self._coarse
+        slot = self._oldest
         for _ in range(count):
-            _, time = last.popitem(last=False)
-            index = time + 1
-            while index <= size:
-                tree[index] -= 1
-                index += index & -index
+            slot = unmarked.find(0, slot)
+            del last[owner[slot]]
+            owner[slot] = None
+            unmarked[slot] = 1
+            fine[slot >> _FINE] += 1
+            coarse[slot >> _COARSE] += 1
+        self._oldest = slot
 
     def _renumber(self, incoming: int) -> None:
-        """Give the tracked blocks times 0..n-1 (keeping their order) on a timeline with room to grow."""
-        tracked = len(self._last)
-        self._last = OrderedDict(zip(self._last, range(tracked)))
-        size = max(_MIN_TIMELINE, 2 * (tracked + incoming))
-        # Linear-time build of a tree with one mark at each of the positions 1..tracked.
-        self._tree = [0] + [max(0, min(i, tracked) - (i - (i & -i))) for i in range(1, size + 1)]
-        self._size = size
-        self._now = tracked
+        """Give the tracked blocks slots 0..n-1 (keeping their order) on a timeline with room to grow."""
+        now = self._now
+        marked = self._unmarked[:now].translate(_INVERT)
+        order = list(itertools.compress(self._owner[:now], marked))
+        self._reset(order, max(_MIN_TIMELINE, 2 * (len(order) + incoming)))
+
+
+_INVERT = bytes([1, 0]) + bytes(254)
 
 
 class DistanceHistogram:
@@ -217,26 +235,53 @@ class WindowedStackDistance:
     ``max_blocks``, and weighs every access by ``decay ** k`` where k is the number of
     :meth:`tick` calls since it happened (call ``tick`` once per interval): an exponentially
     decaying window that follows phase changes. ``decay=1`` keeps everything.
+
+    With ``bounds`` (ascending, the last at least ``max_blocks``) the histogram is *binned*: a
+    distance counts at the smallest bound >= it, so the curve is exact at the bounds only, and a
+    decay step scales a few bins instead of every distance seen. ``distance_sum`` is the
+    decayed sum of the exact finite distances either way.
     """
 
-    __slots__ = ("tracker", "histogram", "decay")
+    __slots__ = ("tracker", "histogram", "decay", "bounds", "distance_sum")
 
-    def __init__(self, max_blocks: int, decay: float = 1.0) -> None:
+    def __init__(self, max_blocks: int, decay: float = 1.0, bounds: Sequence[int] | None = None) -> None:
         if not 0 < decay <= 1:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if bounds is not None and (not bounds or list(bounds) != sorted(set(bounds)) or bounds[-1] < max_blocks):
+            raise ValueError("bounds must ascend, distinct, up to at least max_blocks")
         self.tracker = StackDistanceTracker(max_blocks)
         self.histogram = DistanceHistogram()
         self.decay = decay
+        self.bounds = tuple(bounds) if bounds is not None else None
+        self.distance_sum = 0.0
 
     def access(self, blocks: Sequence[Hashable]) -> list[Distance]:
         distances = self.tracker.access(blocks)
-        self.histogram.add(distances)
+        # Effective distances never decrease along a request: the INFINITE ones are its tail.
+        finite = bisect.bisect_left(distances, INFINITE)
+        bounds = self.bounds
+        if bounds is None:
+            self.histogram.add(distances)
+        else:
+            histogram = self.histogram
+            counts = histogram.counts
+            index, bound = 0, bounds[0]
+            for distance in distances[:finite]:  # ascending: walk the bounds along
+                if distance > bound:
+                    index = bisect.bisect_left(bounds, distance, index)
+                    bound = bounds[index]
+                counts[bound] = counts.get(bound, 0) + 1
+            histogram.cold += len(distances) - finite
+            histogram._cumulative = None
+        self.distance_sum += sum(distances[:finite])
         return distances
 
     def tick(self, intervals: int = 1) -> None:
         """End ``intervals`` intervals: older accesses weigh ``decay ** intervals`` times less."""
         if self.decay != 1 and intervals > 0:
-            self.histogram.scale(self.decay**intervals)
+            factor = self.decay**intervals
+            self.histogram.scale(factor)
+            self.distance_sum *= factor
 
 
 def stream_histogram(requests: Iterable[Sequence[Hashable]], max_blocks: int | None = None) -> DistanceHistogram:
