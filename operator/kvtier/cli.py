@@ -193,8 +193,8 @@ def _engine_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--host", default="0.0.0.0", help="Address of every face.")
 @click.option("--port", type=int, default=8000, help="vLLM face: /health, /v1/models, /v1/completions, /metrics.")
 @click.option("--model", default="kvsim", help="Served model name.")
-@click.option("--lmcache-http-port", type=int, help="LMCache MP HTTP API: /healthcheck, /quota (off if not given).")
-@click.option("--lmcache-prometheus-port", type=int, help="LMCache MP /metrics (off if not given).")
+@click.option("--lmcache-http-port", type=int,
+              help="LMCache MP HTTP port: /healthcheck, /quota and /metrics, as 0.5.6 serves them (off if not given).")
 @click.option("--lookup-hash-log-dir", type=click.Path(file_okay=False), help="Write LMCache's lookup-hash log here.")
 @click.option("--lookup-hash-log-rotation-interval", type=click.FloatRange(0, min_open=True), default=21600.0,
               help="Seconds before a new log file starts.")
@@ -215,7 +215,6 @@ def sim_serve(
     port: int,
     model: str,
     lmcache_http_port: int | None,
-    lmcache_prometheus_port: int | None,
     lookup_hash_log_dir: str | None,
     lookup_hash_log_rotation_interval: float,
     lookup_hash_log_rotation_max_size: int,
@@ -249,8 +248,7 @@ def sim_serve(
         except ValueError:
             raise click.BadParameter(f"{quota!r} is not SALT=GB with GB >= 0", param_hint="--quota") from None
     load = TraceLoad(trace, time_shift, loop, trace_salt) if trace else None
-    _run_until_signalled(lambda: start_sim(server, host, port=port, lmcache_http_port=lmcache_http_port,
-                                           lmcache_prometheus_port=lmcache_prometheus_port, load=load))
+    _run_until_signalled(lambda: start_sim(server, host, port=port, lmcache_http_port=lmcache_http_port, load=load))
 
 
 @sim.command("pod")

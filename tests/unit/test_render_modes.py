@@ -160,7 +160,7 @@ class Reference:
 
     @property
     def raw_block_adapter_fields(self):
-        return self._names(self._line("`raw_block` adapter JSON fields").split("fields:", 1)[1])
+        return self._names(self._line("adapter JSON fields:").split("fields:", 1)[1])
 
     @property
     def raw_block_plugin_keys(self):
@@ -451,7 +451,9 @@ def test_quota_gate_only_where_a_live_quota_is_set():
 def test_mp_without_storage_has_no_l2_and_no_volume():
     _, _, objects = render_case("mp-no-storage")
     lmcache = container(objects, "lmcache")
-    assert "--l2-adapter" not in lmcache["args"] and "--eviction-policy" not in lmcache["args"]
+    assert "--l2-adapter" not in lmcache["args"]
+    # LMCache 0.5.6 exits at start when --l1-size-gb comes without an eviction policy (tests/conformance)
+    assert flag(lmcache["args"], "--eviction-policy") == "IsolatedLRU"
     assert "volumeDevices" not in lmcache
     assert "volumeClaimTemplates" not in statefulset(objects)["spec"]
 
@@ -462,7 +464,8 @@ def test_pod_monitor_only_when_asked_and_scraping_named_ports():
     pod = statefulset(objects)["spec"]["template"]
     ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
     endpoints = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
-    assert endpoints == {"http", "lmcache-metrics", "probe-metrics"} and endpoints <= ports
+    assert endpoints == {"http", "lmcache-api", "probe-metrics"} and endpoints <= ports  # LMCache: /metrics on its API port
+    assert "--prometheus-port" not in container(objects, "lmcache")["args"]  # 0.5.6 never opens it
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8000"

@@ -6,8 +6,12 @@ as Kubernetes quantities (`200Gi`), which LMCache would fail to parse or misread
 
 LMCacheMP: an `lmcache server` beside vLLM with L1 = `cpu.size`, one L2 `raw_block` adapter on the
 replica's volume (the block device, or a pre-sized file on a Filesystem volume) spanning the whole
-volume, and eviction `IsolatedLRU`: the live quota (`PUT /quota/_default`) is what bounds each
-deployment's use, so the rebalancer never restarts anything. When the pool rebalances from measured
+volume, and eviction `IsolatedLRU` (always: 0.5.6 refuses `--l1-size-gb` without an eviction policy):
+the live quota (`PUT /quota/_default`) is what bounds each
+deployment's use, so the rebalancer never restarts anything. The server serves `/metrics` on its
+HTTP port (`--http-port`, beside `/quota`); 0.5.6 never opens `--prometheus-port`, so it is not
+rendered. The `raw_block` adapter imports `lmcache_rust_raw_block_io`, which lmcache 0.5.6 does not
+depend on: the `lmcache` image must have `lmcache-rust-raw-block-io` installed. When the pool rebalances from measured
 demand, the server also writes its lookup-hash log for the probe.
 
 LMCacheInProcess: LMCache inside vLLM, configured by a YAML file: `local_cpu` per TP rank, and either
@@ -46,6 +50,9 @@ IN_PROCESS_HASH = "builtin"
 RAW_BLOCK_PLUGIN = "rust_raw_block"
 RAW_BLOCK_MODULE = "lmcache.v1.storage_backend.plugins.rust_raw_block_backend"
 RAW_BLOCK_CLASS = "RustRawBlockBackend"
+#: LMCache 0.5.6 requires an eviction policy whenever `--l1-size-gb` is given (it exits at start without
+#: one); IsolatedLRU keeps one LRU per `cache_salt`, bounded by the live quota.
+EVICTION_POLICY = "IsolatedLRU"
 #: Asynchronous, batched device I/O for the raw-block tiers.
 IO_ENGINE = "io_uring"
 
@@ -129,13 +136,12 @@ def server_args(
         "--port", str(options.lmcache_port),
         "--http-host", "0.0.0.0",
         "--http-port", str(options.lmcache_http_port),
-        "--prometheus-port", str(options.lmcache_metrics_port),
         "--chunk-size", str(kv_cache.chunk_size),
         "--l1-size-gb", gib_text(kv_cache.cpu.size),
+        "--eviction-policy", EVICTION_POLICY,
     ]  # fmt: skip
     if volume is not None:
-        adapter = _compact_json(raw_block_adapter(deployment, volume))
-        args += ["--l2-adapter", adapter, "--eviction-policy", "IsolatedLRU"]
+        args += ["--l2-adapter", _compact_json(raw_block_adapter(deployment, volume))]
     if lookup_log:
         args += [
             "--lookup-hash-log-dir", LOOKUP_LOG_DIR,

@@ -29,9 +29,8 @@ class RenderOptions:
     lmcache_port: int = 5555
     """The LMCache MP server's ZMQ port (vLLM's connector talks to it over localhost)."""
     lmcache_http_port: int = 8080
-    """The LMCache MP server's HTTP API (`/quota`, `/healthcheck`)."""
-    lmcache_metrics_port: int = 9090
-    """The LMCache MP server's Prometheus port."""
+    """The LMCache MP server's HTTP API (`/quota`, `/healthcheck`) and its `/metrics` (0.5.6 serves them
+    on one port and never opens `--prometheus-port`)."""
     probe_port: int = 9400
     """The probe's `/metrics`."""
     default_engine_memory: int = 32 * GIB

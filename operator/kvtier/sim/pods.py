@@ -5,8 +5,8 @@ pod with ``(pod, container, address)`` and recognises the container by its comma
 
 - ``vllm serve MODEL ...``: vLLM's face on ``--port`` (default 8000); the model name is
   ``--served-model-name`` or ``MODEL``. Its environment configures the simulated load (below).
-- ``lmcache server ...``: the MP HTTP API on ``--http-port`` (default 8080), the MP metrics on
-  ``--prometheus-port`` (if given) and, with ``--lookup-hash-log-dir``, the lookup-hash log with
+- ``lmcache server ...``: the MP HTTP API and its ``/metrics`` on ``--http-port`` (default 8080; as
+  LMCache 0.5.6, which never opens ``--prometheus-port``) and, with ``--lookup-hash-log-dir``, the lookup-hash log with
   the ``--lookup-hash-log-rotation-interval``, ``--lookup-hash-log-rotation-max-size`` (bytes)
   and ``--lookup-hash-log-max-files`` flags. A simulated block is one LMCache chunk: its
   ``--chunk-size`` tokens, and ``slot_bytes`` of its ``--l2-adapter`` per chunk, size the engine
@@ -219,9 +219,7 @@ class KvsimEngines:
                                              **rotation)
                 sim.server.lookup_log = lookup_log
                 sim.closers.append(lookup_log.close)
-            metrics_port = flag(words, "--prometheus-port")
-            return [await start_sim(sim.server, address, lmcache_http_port=int(flag(words, "--http-port") or 8080),
-                                    lmcache_prometheus_port=int(metrics_port) if metrics_port else None)]
+            return [await start_sim(sim.server, address, lmcache_http_port=int(flag(words, "--http-port") or 8080))]
         from kvtier.cli import probe as probe_command
 
         options = ProbeOptions(**probe_command.make_context("probe", list(words)).params)
