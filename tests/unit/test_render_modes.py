@@ -316,7 +316,9 @@ def test_mp_block_volume_is_the_raw_block_device():
     assert lmcache["volumeDevices"] == [{"name": "kv-store", "devicePath": adapter["device_path"]}]
     assert adapter["capacity_bytes"] == 2 * TiB
     assert adapter["slot_bytes"] % 4096 == 0
-    assert deployment.spec.chunk_bytes <= adapter["slot_bytes"] < deployment.spec.chunk_bytes + 4096
+    # One object per TP rank (4) per chunk, plus LMCache's 4 KiB slot header (tests/conformance stores into it)
+    per_rank = deployment.spec.chunk_bytes // 4
+    assert per_rank + 4096 <= adapter["slot_bytes"] < per_rank + 2 * 4096
     assert adapter["use_odirect"] is True and adapter["io_engine"] == "io_uring"
     assert adapter["num_load_workers"] == 4  # LMCache's default, and at least one per rank (TP 4)
     assert flag(lmcache["args"], "--eviction-policy") == "IsolatedLRU"
@@ -325,15 +327,15 @@ def test_mp_block_volume_is_the_raw_block_device():
     assert "volumeDevices" not in container(objects, "vllm")
 
 
-def test_slot_bytes_round_up_to_the_block_size():
-    deployment = make_deployment(tp=1, chunkSize=16)  # 16 x 147456 = 2359296 = 576 x 4096
+def test_slot_bytes_hold_a_chunk_and_the_slot_header_rounded_up_to_the_block_size():
+    deployment = make_deployment(tp=1, chunkSize=16)  # 16 x 147456 = 2359296 = 576 x 4096, + the 4096 header
     objects = render_deployment(deployment, make_pool(CSI_BLOCK))
-    assert json.loads(flag(container(objects, "lmcache")["args"], "--l2-adapter"))["slot_bytes"] == 2359296
+    assert json.loads(flag(container(objects, "lmcache")["args"], "--l2-adapter"))["slot_bytes"] == 2359296 + 4096
     body = deployment.to_wire()
-    body["spec"]["model"] = {"name": "m", "kvBytesPerToken": 1000}  # 16 x 1000 = 16000 -> 16384
+    body["spec"]["model"] = {"name": "m", "kvBytesPerToken": 1000}  # 16 x 1000 + 4096 = 20096 -> 20480
     odd = InferenceDeployment.model_validate(body)
     objects = render_deployment(odd, make_pool(CSI_BLOCK))
-    assert json.loads(flag(container(objects, "lmcache")["args"], "--l2-adapter"))["slot_bytes"] == 16384
+    assert json.loads(flag(container(objects, "lmcache")["args"], "--l2-adapter"))["slot_bytes"] == 20480
 
 
 def test_mp_filesystem_volume_holds_a_presized_device_file():

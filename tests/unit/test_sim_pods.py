@@ -218,8 +218,9 @@ async def test_the_rendered_example_replica_runs_under_kvsim():
     handles = [await kvsim_engine(replica, container, host) for container in replica["spec"]["containers"]]
     server = kvsim_engine.server(replica["metadata"]["uid"])
     try:
-        # One block is one LMCache chunk of the rendered server: --chunk-size tokens, L2 slot_bytes.
-        assert server.params.block_tokens == 256 and server.params.block_bytes == 65011712
+        # One block is one LMCache chunk of the rendered server: --chunk-size tokens, one L2 slot per TP rank
+        # (8 x (65011712 / 8 + the 4096 slot header)).
+        assert server.params.block_tokens == 256 and server.params.block_bytes == 8 * (65011712 // 8 + 4096)
         async with aiohttp.ClientSession() as http:
             for port, path in ((8000, "/health"), (8080, "/healthcheck"), (8080, "/metrics"), (9400, "/health")):
                 async with http.get(f"http://{host}:{port}{path}") as reply:

@@ -53,6 +53,8 @@ RAW_BLOCK_CLASS = "RustRawBlockBackend"
 #: LMCache 0.5.6 requires an eviction policy whenever `--l1-size-gb` is given (it exits at start without
 #: one); IsolatedLRU keeps one LRU per `cache_salt`, bounded by the live quota.
 EVICTION_POLICY = "IsolatedLRU"
+#: LMCache's raw-block slot header (the adapter's `header_bytes` default): a slot's payload is what is left.
+RAW_BLOCK_HEADER_BYTES = 4096
 #: Asynchronous, batched device I/O for the raw-block tiers.
 IO_ENGINE = "io_uring"
 
@@ -104,8 +106,20 @@ def check_supported(deployment: InferenceDeployment, volume: KVVolume | None) ->
 
 
 def slot_bytes(deployment: InferenceDeployment) -> int:
-    """One chunk's KV bytes rounded up to the device alignment (O_DIRECT needs aligned slots)."""
-    return align_up(deployment.spec.chunk_bytes, BLOCK_ALIGN)
+    """The raw-block slot of one stored object: one TP rank's share of a chunk plus LMCache's slot header,
+    rounded up to the device alignment (O_DIRECT needs aligned slots).
+
+    The MP server stores a chunk as one object per TP rank (each rank's KV heads), and a slot holds
+    `slot_bytes - header_bytes` of payload: a slot of exactly the chunk's size takes nothing
+    ("payload ... does not fit slot", every L2 store fails).
+    """
+    ranks = deployment.spec.engine.tensor_parallel_size
+    return align_up(-(-deployment.spec.chunk_bytes // ranks) + RAW_BLOCK_HEADER_BYTES, BLOCK_ALIGN)
+
+
+def chunk_storage_bytes(deployment: InferenceDeployment) -> int:
+    """L2 bytes one chunk takes on the raw-block device: one slot per TP rank."""
+    return slot_bytes(deployment) * deployment.spec.engine.tensor_parallel_size
 
 
 def load_workers(deployment: InferenceDeployment) -> int:
