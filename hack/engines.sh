@@ -56,10 +56,12 @@ pip_install() {
 
 started=$SECONDS
 step_started=$SECONDS
+doing="creating the venv"
 step() {
     echo "hack/engines.sh: $1 ($((SECONDS - step_started)) s)"
     step_started=$SECONDS
 }
+trap 'echo "hack/engines.sh: failed while $doing (the venv is left incomplete and rebuilt next time)" >&2' ERR
 
 echo "hack/engines.sh: installing into $VENV: $WANT"
 rm -rf "$VENV"
@@ -68,6 +70,7 @@ mkdir -p "$(dirname "$VENV")"
 pip_install --upgrade pip
 step "venv with $("$VENV/bin/python" --version)"
 
+doing="installing torch"
 if [[ -n "$TORCH_WHEEL" ]]; then
     pip_install "$TORCH_WHEEL"
     step "torch from the local wheel $TORCH_WHEEL"
@@ -76,14 +79,18 @@ else
     step "torch==$TORCH_VERSION from PyPI (with its CUDA libraries: PyPI has no CPU-only Linux build)"
 fi
 
+doing="installing vllm and lmcache"
 pip_install --no-deps "vllm==$VLLM_VERSION" "lmcache==$LMCACHE_VERSION"
 step "vllm==$VLLM_VERSION lmcache==$LMCACHE_VERSION (--no-deps)"
+doing="installing lmcache-rust-raw-block-io"
 pip_install --no-deps --pre "lmcache-rust-raw-block-io==$RAW_BLOCK_VERSION"
 step "lmcache-rust-raw-block-io==$RAW_BLOCK_VERSION (--no-deps)"
 
+doing="installing the import-time dependencies"
 pip_install "${ENGINE_DEPS[@]}"
 step "import-time dependencies: ${ENGINE_DEPS[*]}"
 
+doing="checking the imports"
 # The imports the conformance tests make, checked once here so a broken venv fails with its reason.
 VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" - <<'PY'
 import importlib
@@ -94,6 +101,8 @@ for module in (
     "vllm.distributed.kv_transfer.kv_connector.factory",
     "lmcache.v1.config",
     "lmcache.v1.multiprocess.server",
+    "lmcache.v1.multiprocess.http_server",
+    "lmcache.cli.commands.bench.server_bench.command",
     "lmcache_rust_raw_block_io",
 ):
     importlib.import_module(module)

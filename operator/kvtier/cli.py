@@ -379,7 +379,7 @@ def sim_replay(scenario_path: Path, json_out: Path, markdown_out: Path | None, p
               help="Serve InferenceDeployments of this namespace only (repeatable; default: all namespaces).")
 @click.option("--resync-seconds", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
               help="How often every object is re-reconciled (drift correction, status refresh).")
-@click.option("--lmcache-image", default=None, help="Image of the LMCache MP server container.")
+@click.option("--lmcache-image", default=None, help="Image of the LMCache MP server container: lmcache 0.5.6 with lmcache-rust-raw-block-io (storage tiers need it).")
 @click.option("--probe-image", default=None, help="Image of the kvtier-probe sidecar (the kvtier image).")
 @click.option("--pod-monitor", is_flag=True, help="Render a PodMonitor per deployment (Prometheus Operator CRDs).")
 @click.option("--liveness", default=None, help="Serve liveness on this URL, e.g. http://0.0.0.0:8080/healthz.")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import time
@@ -27,7 +28,9 @@ from kvtier.api.units import GIB
 from kvtier.cli import probe as probe_command
 from kvtier.probe.options import ProbeOptions
 from kvtier.probe.tail import parse_lookup
-from kvtier.rebalance.actuator import set_quota
+from kvtier.rebalance.actuator import exit_reason, set_quota
+from kvtier.sim.lookuplog import FIELDS as LOOKUP_LOG_FIELDS
+from kvtier.sim.lookuplog import chunk_hash
 from kvtier.render.lmcache import LOOKUP_LOG_DIR
 from kvtier.render.options import RenderOptions
 from kvtier.telemetry.engines import quota_usage, replica_snapshot
@@ -196,6 +199,10 @@ def test_the_probe_parses_the_real_lookup_hash_log(engines, server):
     lines = [line for file in files for line in file.read_bytes().splitlines() if line.strip()]
     lookups = [parse_lookup(line) for line in lines]
     assert lines and all(lookup is not None and lookup.chunk_hashes for lookup in lookups), lines[:3]
+    # kvsim writes the same fields in the same order, and spells its hashes as the server does.
+    record = json.loads(lines[0])
+    assert tuple(record) == LOOKUP_LOG_FIELDS, record
+    assert all(re.fullmatch(r"0x[0-9a-f]{64}", h) for h in record["chunk_hashes"] + [chunk_hash(2**64 - 1)])
     # The rendered sidecar's own options, pointed at the real log.
     words = case.containers["kvtier-probe"]["args"]
     assert rendered.flag(words, "--log-dir") == LOOKUP_LOG_DIR
@@ -205,3 +212,24 @@ def test_the_probe_parses_the_real_lookup_hash_log(engines, server):
     assert probe.demand.garbage_lines == 0 and probe.demand.lookups == len(lines) - probe.demand.duplicate_lookups
     snapshot = replica_snapshot(probe=parse_exposition(generate_latest(probe.registry)))
     assert snapshot.demand_chunks is not None and snapshot.demand_chunks.count > 0
+
+
+def test_an_image_without_the_raw_block_extension_is_named_by_the_operator(engines, tmp_path):
+    """Defect 5 of issue 17: without `lmcache-rust-raw-block-io` the rendered server exits; the operator says why."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "lmcache_rust_raw_block_io.py").write_text("raise ImportError('not in this image')\n")
+    options = RenderOptions(lmcache_port=free_port(), lmcache_http_port=free_port())
+    spec = rendered.deployment("LMCacheMP", kv_bytes_per_token=RANK_KV_BYTES_PER_TOKEN, cpu="256Mi")
+    case = rendered.render("mp-no-extension", spec, rendered.CSI_BLOCK, options=options)
+    done = subprocess.run([str(engines.bin / "lmcache"), "server", *scaled(case.lmcache_argv, tmp_path)],
+                          capture_output=True, text=True, timeout=STARTUP_SECONDS,
+                          env={**engines.env(), "PYTHONPATH": str(hidden)})
+    assert done.returncode != 0
+    # What the kubelet keeps of the log with FallbackToLogsOnError: the last 80 lines, at most 2048 bytes.
+    message = "\n".join((done.stdout + done.stderr).splitlines()[-80:])[-2048:]
+    pod = {"metadata": {"name": "chat-0"}, "status": {"containerStatuses": [
+        {"name": "lmcache", "ready": False, "lastState": {"terminated": {"exitCode": done.returncode,
+                                                                         "message": message}}}]}}
+    reason = exit_reason(pod, "lmcache")
+    assert reason is not None and "lmcache-rust-raw-block-io" in reason, message

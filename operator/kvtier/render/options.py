@@ -14,8 +14,9 @@ class RenderOptions:
     """Settings the operator applies to every InferenceDeployment it renders.
 
     The image defaults are only defaults: override them (operator flags, Helm values) with the images
-    you actually run. `lmcache_image` must contain LMCache 0.5.6's `lmcache server`; `probe_image` must
-    contain this package's `kvtier probe`.
+    you actually run. `lmcache_image` must contain LMCache 0.5.6's `lmcache server` and, for storage tiers,
+    `lmcache-rust-raw-block-io` (the raw_block adapter's extension, which lmcache does not install);
+    `probe_image` must contain this package's `kvtier probe`.
     """
 
     lmcache_image: str = "lmcache/vllm-openai:v0.5.6"

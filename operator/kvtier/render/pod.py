@@ -193,6 +193,8 @@ def lmcache_container(plan: PodPlan) -> dict[str, Any]:
         },
         **_mounts(plan, "lmcache", {"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *log_mounts),
         **_probes("/healthcheck", LMCACHE_API_PORT, LMCACHE_STARTUP_SECONDS),
+        # Why LMCache exits (e.g. a missing raw-block extension) reaches the pod status and the operator.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 
