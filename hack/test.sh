@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: set up .venv, build (or reuse) the real control plane, then run
-# pytest. Tests taking the `cluster` fixture (tests/e2e, the pod simulator's) run on the embedded API
-# emulator and on the real control plane (tests/conftest.py: --ground). Without Go the real ground is
-# skipped with one line saying why, except with CI=true, where a missing toolchain fails the run.
+# The whole test suite on a fresh machine: set up .venv, build (or reuse) the real control plane, install
+# (or reuse) the engines venv of the conformance tier, then run pytest.
+# - Tests taking the `cluster` fixture (tests/e2e, the pod simulator's) run on the embedded API emulator and
+#   on the real control plane (tests/conftest.py: --ground). Without Go the real ground is skipped with one
+#   line saying why, except with CI=true, where a missing toolchain fails the run.
+# - The conformance tier (tests/conformance) runs the real vLLM and LMCache from hack/engines.sh, cached
+#   outside the repository. When they cannot be installed it is skipped with the reason, except on CI
+#   (CI=true), where its tests fail with it. KVTIER_SKIP_ENGINES=1 skips the install (same rules).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +19,7 @@ timed() {  # timed LABEL COMMAND...: run it, print how long it took
 }
 
 timed "setup (.venv, kubectl, helm)" ./hack/setup.sh
+
 status=0
 bin="$(timed "control plane (build or reuse)" ./hack/control-plane.sh | tail -1)" || status=$?
 if [[ $status == 0 ]]; then
@@ -26,4 +31,15 @@ else
   echo "hack/test.sh: the real control plane could not be built (exit $status; see above)" >&2
   exit "$status"
 fi
+
+if [[ -n "${KVTIER_SKIP_ENGINES:-}" ]]; then
+  export KVTIER_ENGINES_UNAVAILABLE="KVTIER_SKIP_ENGINES is set"
+elif ! timed "engines venv (install or reuse)" ./hack/engines.sh; then
+  export KVTIER_ENGINES_UNAVAILABLE="hack/engines.sh could not install the engines venv (its output above says why)"
+fi
+if [[ -n "${KVTIER_ENGINES_UNAVAILABLE:-}" ]]; then
+  echo "hack/test.sh: conformance tier unavailable: $KVTIER_ENGINES_UNAVAILABLE" \
+       "($([[ "${CI:-}" == true ]] && echo "CI: its tests fail" || echo "its tests are skipped"))" >&2
+fi
+
 exec .venv/bin/python -m pytest "$@"

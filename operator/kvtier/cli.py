@@ -211,8 +211,8 @@ def _engine_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--host", default="0.0.0.0", help="Address of every face.")
 @click.option("--port", type=int, default=8000, help="vLLM face: /health, /v1/models, /v1/completions, /metrics.")
 @click.option("--model", default="kvsim", help="Served model name.")
-@click.option("--lmcache-http-port", type=int, help="LMCache MP HTTP API: /healthcheck, /quota (off if not given).")
-@click.option("--lmcache-prometheus-port", type=int, help="LMCache MP /metrics (off if not given).")
+@click.option("--lmcache-http-port", type=int,
+              help="LMCache MP HTTP port: /healthcheck, /quota and /metrics, as 0.5.6 serves them (off if not given).")
 @click.option("--lookup-hash-log-dir", type=click.Path(file_okay=False), help="Write LMCache's lookup-hash log here.")
 @click.option("--lookup-hash-log-rotation-interval", type=click.FloatRange(0, min_open=True), default=21600.0,
               help="Seconds before a new log file starts.")
@@ -233,7 +233,6 @@ def sim_serve(
     port: int,
     model: str,
     lmcache_http_port: int | None,
-    lmcache_prometheus_port: int | None,
     lookup_hash_log_dir: str | None,
     lookup_hash_log_rotation_interval: float,
     lookup_hash_log_rotation_max_size: int,
@@ -267,8 +266,7 @@ def sim_serve(
         except ValueError:
             raise click.BadParameter(f"{quota!r} is not SALT=GB with GB >= 0", param_hint="--quota") from None
     load = TraceLoad(trace, time_shift, loop, trace_salt) if trace else None
-    _run_until_signalled(lambda: start_sim(server, host, port=port, lmcache_http_port=lmcache_http_port,
-                                           lmcache_prometheus_port=lmcache_prometheus_port, load=load))
+    _run_until_signalled(lambda: start_sim(server, host, port=port, lmcache_http_port=lmcache_http_port, load=load))
 
 
 @sim.command("pod")
@@ -384,7 +382,7 @@ def sim_replay(scenario_path: Path, json_out: Path, markdown_out: Path | None, p
               help="Serve InferenceDeployments of this namespace only (repeatable; default: all namespaces).")
 @click.option("--resync-seconds", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
               help="How often every object is re-reconciled (drift correction, status refresh).")
-@click.option("--lmcache-image", default=None, help="Image of the LMCache MP server container.")
+@click.option("--lmcache-image", default=None, help="Image of the LMCache MP server container: lmcache 0.5.6 with lmcache-rust-raw-block-io (storage tiers need it).")
 @click.option("--probe-image", default=None, help="Image of the kvtier-probe sidecar (the kvtier image).")
 @click.option("--pod-monitor", is_flag=True, help="Render a PodMonitor per deployment (Prometheus Operator CRDs).")
 @click.option("--liveness", default=None, help="Serve liveness on this URL, e.g. http://0.0.0.0:8080/healthz.")

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier.api.units import parse_quantity
 from kvtier.kube import EVENTS, INFERENCEDEPLOYMENTS, KVPOOLS, PODS
-from kvtier.sim.server import lmcache_metrics_app, start_site
+from kvtier.sim.server import lmcache_app, start_site
 from tests.conftest import wait_for
 from tests.e2e.helpers import condition, example, get, items, kubectl
 
@@ -102,7 +102,7 @@ async def fetch(pods):
         for pod in pods:
             ip = pod["status"]["podIP"]
             page = {}
-            for face, port in (("vllm", 8000), ("lmcache", 9090)):
+            for face, port in (("vllm", 8000), ("lmcache", 8080)):  # LMCache: /metrics on its HTTP port
                 async with http.get(f"http://{ip}:{port}/metrics") as reply:
                     samples = [s for f in text_string_to_metric_families(await reply.text()) for s in f.samples]
                 page[face] = {(s.name, s.labels.get("le")): s for s in samples}
@@ -131,7 +131,7 @@ def expected(pages):
     def total(name, face="vllm"):
         return sum(page[face][name, None].value for page in pages)
     prompt_tokens = total("vllm:prompt_tokens_total")
-    l1, l2 = total("lmcache_mp_lookup_hit_l1_total", "lmcache"), total("lmcache_mp_lookup_hit_l2_total", "lmcache")
+    l1, l2 = total("lmcache_mp_lookup_hit_l1_tokens_total", "lmcache"), total("lmcache_mp_lookup_hit_l2_tokens_total", "lmcache")
     external = total("vllm:external_prefix_cache_hits_total")
     hbm = total("vllm:prefix_cache_hits_total")
     ttft = {}
@@ -139,7 +139,7 @@ def expected(pages):
         for (name, le), sample in page["vllm"].items():
             if name == "vllm:time_to_first_token_seconds_bucket":
                 ttft[float(le)] = ttft.get(float(le), 0) + sample.value
-    used = sum(entry["current_usage_gb"] for page in pages for entry in page["quota"]["quotas"]) * GIB
+    used = sum(entry["current_usage_gb"] for page in pages for entry in page["quota"]["users"].values()) * GIB
     return {
         "hitRatio": {"hbm": hbm / prompt_tokens, "cpu": external * l1 / (l1 + l2) / prompt_tokens,
                      "storage": external * l2 / (l1 + l2) / prompt_tokens, "total": (hbm + external) / prompt_tokens},
@@ -223,33 +223,40 @@ def test_a_garbage_or_killed_endpoint_makes_metrics_unavailable_with_a_reason(cl
     simulator = cluster.cluster.simulator
     lmcache = simulator.engines(uid)[1]  # containers: vllm, lmcache, kvtier-probe
     [running] = lmcache.parts
-    metrics_runner = running.runners[1]  # the MP server's HTTP API, then its Prometheus port
+    metrics_runner = running.runners[0]  # the MP server's HTTP port: its API and /metrics
 
-    async def garbage_page(_):
-        return web.Response(body=b"\x00\xff<html>not metrics{{{\n" * 100)
+    server = cluster.cluster.engine_factory.server(uid)
 
-    async def serve_garbage():
+    async def serve_broken_metrics(answer):
+        """The MP server's HTTP port with its API (health, quota) intact and `answer` on /metrics."""
         await metrics_runner.cleanup()
-        app = web.Application()
-        app.router.add_get("/metrics", garbage_page)
-        return await start_site(app, ip, 9090)
+
+        @web.middleware
+        async def broken_metrics(request, handler):
+            return answer() if request.path == "/metrics" else await handler(request)
+
+        app = lmcache_app(server)
+        app.middlewares.insert(0, broken_metrics)
+        return await start_site(app, ip, 8080)
 
     def metrics_available():
         return condition(infd(cluster, namespace), "MetricsAvailable")
 
-    garbage = cluster.run(serve_garbage())
+    garbage = cluster.run(serve_broken_metrics(lambda: web.Response(body=b"\x00\xff<html>not metrics{{{\n" * 100)))
     broken = wait_for(lambda: (c := metrics_available()).get("reason") == "ScrapeFailed" and c,
                       timeout=4 * interval, message="MetricsAvailable=False for garbage")
     assert broken["status"] == "False" and f"{pod['metadata']['name']}: lmcache: parse" in broken["message"]
-    cluster.run(garbage.cleanup())  # now nothing listens: refused
-    wait_for(lambda: "lmcache: refused" in metrics_available().get("message", ""), timeout=4 * interval,
-             message="a refused scrape named in MetricsAvailable")
+    # (A closed port would make the pod unready: its readiness probe is on the same port.)
+    metrics_runner = garbage
+    missing = cluster.run(serve_broken_metrics(lambda: web.Response(status=404)))
+    wait_for(lambda: "lmcache: http_status" in metrics_available().get("message", ""), timeout=4 * interval,
+             message="a failed scrape named in MetricsAvailable")
+    cluster.run(missing.cleanup())
     events = [e for e in items(cluster, EVENTS, namespace) if e["involvedObject"]["name"] == NAME]
     assert any(e["reason"] == "ScrapeFailed" and e["type"] == "Warning" for e in events)
-    server = cluster.cluster.engine_factory.server(uid)
-    restored = cluster.run(start_site(lmcache_metrics_app(server), ip, 9090))
+    restored = cluster.run(start_site(lmcache_app(server), ip, 8080))
     try:
         wait_for(lambda: metrics_available().get("status") == "True", timeout=4 * interval,
                  message="MetricsAvailable=True once the endpoint is back")
     finally:
-        running.runners[1] = restored  # stopped with the pod
+        running.runners[0] = restored  # stopped with the pod

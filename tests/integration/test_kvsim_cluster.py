@@ -47,9 +47,9 @@ async def test_the_example_replica_serves_engine_lmcache_and_probe_metrics(tmp_p
             async with http.post(f"http://{address}:8000/v1/completions",
                                  json={"prompt": " ".join(map(str, range(600)))}) as reply:
                 assert reply.status == 200
-            for port in (8000, 9090, 9400):
+            for port in (8000, 8080, 9400):  # LMCache serves /metrics on its HTTP port
                 async with http.get(f"http://{address}:{port}/metrics") as reply:
                     pages[port] = {f.name for f in text_string_to_metric_families(await reply.text())}
     assert "vllm:kv_cache_usage_perc" in pages[8000]
-    assert "lmcache_mp_lookup_hit_l2" in pages[9090]
+    assert "lmcache_mp_lookup_hit_l2_tokens" in pages[8080]
     assert "kvtier_probe_stack_distance_chunks" in pages[9400]

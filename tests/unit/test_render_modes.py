@@ -162,7 +162,7 @@ class Reference:
 
     @property
     def raw_block_adapter_fields(self):
-        return self._names(self._line("`raw_block` adapter JSON fields").split("fields:", 1)[1])
+        return self._names(self._line("adapter JSON fields:").split("fields:", 1)[1])
 
     @property
     def raw_block_plugin_keys(self):
@@ -318,7 +318,9 @@ def test_mp_block_volume_is_the_raw_block_device():
     assert lmcache["volumeDevices"] == [{"name": "kv-store", "devicePath": adapter["device_path"]}]
     assert adapter["capacity_bytes"] == 2 * TiB
     assert adapter["slot_bytes"] % 4096 == 0
-    assert deployment.spec.chunk_bytes <= adapter["slot_bytes"] < deployment.spec.chunk_bytes + 4096
+    # One object per TP rank (4) per chunk, plus LMCache's 4 KiB slot header (tests/conformance stores into it)
+    per_rank = deployment.spec.chunk_bytes // 4
+    assert per_rank + 4096 <= adapter["slot_bytes"] < per_rank + 2 * 4096
     assert adapter["use_odirect"] is True and adapter["io_engine"] == "io_uring"
     assert adapter["num_load_workers"] == 4  # LMCache's default, and at least one per rank (TP 4)
     assert flag(lmcache["args"], "--eviction-policy") == "IsolatedLRU"
@@ -327,15 +329,15 @@ def test_mp_block_volume_is_the_raw_block_device():
     assert "volumeDevices" not in container(objects, "vllm")
 
 
-def test_slot_bytes_round_up_to_the_block_size():
-    deployment = make_deployment(tp=1, chunkSize=16)  # 16 x 147456 = 2359296 = 576 x 4096
+def test_slot_bytes_hold_a_chunk_and_the_slot_header_rounded_up_to_the_block_size():
+    deployment = make_deployment(tp=1, chunkSize=16)  # 16 x 147456 = 2359296 = 576 x 4096, + the 4096 header
     objects = render_deployment(deployment, make_pool(CSI_BLOCK))
-    assert json.loads(flag(container(objects, "lmcache")["args"], "--l2-adapter"))["slot_bytes"] == 2359296
+    assert json.loads(flag(container(objects, "lmcache")["args"], "--l2-adapter"))["slot_bytes"] == 2359296 + 4096
     body = deployment.to_wire()
-    body["spec"]["model"] = {"name": "m", "kvBytesPerToken": 1000}  # 16 x 1000 = 16000 -> 16384
+    body["spec"]["model"] = {"name": "m", "kvBytesPerToken": 1000}  # 16 x 1000 + 4096 = 20096 -> 20480
     odd = InferenceDeployment.model_validate(body)
     objects = render_deployment(odd, make_pool(CSI_BLOCK))
-    assert json.loads(flag(container(objects, "lmcache")["args"], "--l2-adapter"))["slot_bytes"] == 16384
+    assert json.loads(flag(container(objects, "lmcache")["args"], "--l2-adapter"))["slot_bytes"] == 20480
 
 
 def test_mp_filesystem_volume_holds_a_presized_device_file():
@@ -455,7 +457,9 @@ def test_quota_gate_only_where_a_live_quota_is_set():
 def test_mp_without_storage_has_no_l2_and_no_volume():
     _, _, objects = render_case("mp-no-storage")
     lmcache = container(objects, "lmcache")
-    assert "--l2-adapter" not in lmcache["args"] and "--eviction-policy" not in lmcache["args"]
+    assert "--l2-adapter" not in lmcache["args"]
+    # LMCache 0.5.6 exits at start when --l1-size-gb comes without an eviction policy (tests/conformance)
+    assert flag(lmcache["args"], "--eviction-policy") == "IsolatedLRU"
     assert "volumeDevices" not in lmcache
     assert "volumeClaimTemplates" not in statefulset(objects)["spec"]
 
@@ -466,7 +470,8 @@ def test_pod_monitor_only_when_asked_and_scraping_named_ports():
     pod = statefulset(objects)["spec"]["template"]
     ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
     endpoints = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
-    assert endpoints == {"http", "lmcache-metrics", "probe-metrics"} and endpoints <= ports
+    assert endpoints == {"http", "lmcache-api", "probe-metrics"} and endpoints <= ports  # LMCache: /metrics on its API port
+    assert "--prometheus-port" not in container(objects, "lmcache")["args"]  # 0.5.6 never opens it
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8000"

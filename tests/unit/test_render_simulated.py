@@ -71,7 +71,7 @@ def _get(url):
 
 
 def test_kvtier_sim_pod_serves_the_rendered_faces(tmp_path):
-    ports = {"vllm_port": _free_port(), "lmcache_http_port": _free_port(), "lmcache_metrics_port": _free_port()}
+    ports = {"vllm_port": _free_port(), "lmcache_http_port": _free_port()}
     spec = pod_spec("mp-nvmeof", RenderOptions(simulated_engine_image=IMAGE, **ports))
     args = containers(spec)["vllm"]["args"]
     # The log directory is an emptyDir in the pod; here a temporary directory stands in for it.
@@ -94,7 +94,8 @@ def test_kvtier_sim_pod_serves_the_rendered_faces(tmp_path):
         request = urllib.request.Request(f"http://127.0.0.1:{ports['lmcache_http_port']}/quota/_default",
                                          data=b'{"limit_gb": 3}', method="PUT")
         assert json.loads(urllib.request.urlopen(request, timeout=2).read())["limit_gb"] == 3
-        assert "lmcache_mp_l2_evicted_objects_total" in _get(f"http://127.0.0.1:{ports['lmcache_metrics_port']}/metrics")
+        # /metrics on LMCache's HTTP port, as 0.5.6 serves it
+        assert "lmcache_mp_l2_usage_bytes" in _get(f"http://127.0.0.1:{ports['lmcache_http_port']}/metrics")
         model = json.loads(_get(f"http://127.0.0.1:{ports['vllm_port']}/v1/models"))["data"][0]["id"]
         assert model == "Qwen/Qwen3-8B"  # from the rendered `vllm serve MODEL`
         prompt = json.dumps({"model": model, "prompt": list(range(600)), "max_tokens": 1}).encode()

@@ -39,7 +39,7 @@ def pod(trace_path=None):
             {"name": "vllm", "command": ["vllm", "serve"], "env": env,
              "args": ["meta-llama/Llama-3.1-70B", "--served-model-name", "chat", "--port", "8000"]},
             {"name": "lmcache", "command": ["lmcache", "server"], "volumeMounts": [mount],
-             "args": ["--port", "5555", "--http-port", "8080", "--prometheus-port", "9090",
+             "args": ["--port", "5555", "--http-port", "8080",
                       "--lookup-hash-log-dir", LOG_DIR, "--lookup-hash-log-rotation-interval", "600",
                       "--lookup-hash-log-max-files", "6"]},
             {"name": "kvtier-probe", "command": ["kvtier", "probe"],
@@ -79,7 +79,7 @@ async def test_a_pods_three_containers_share_one_engine_and_are_scraped(tmp_path
                     assert reply.status == 200
             async with http.get(f"http://{host}:8000/metrics") as reply:
                 vllm = families(await reply.text())
-            async with http.get(f"http://{host}:9090/metrics") as reply:
+            async with http.get(f"http://{host}:8080/metrics") as reply:  # LMCache's HTTP port, as 0.5.6
                 lmcache = families(await reply.text())
             async with http.get(f"http://{host}:9400/metrics") as reply:
                 probe = families(await reply.text())
@@ -90,7 +90,7 @@ async def test_a_pods_three_containers_share_one_engine_and_are_scraped(tmp_path
             await handle.stop()
 
     assert total(vllm["vllm:prompt_tokens"]) == 160
-    assert total(lmcache["lmcache_mp_lookups"]) == 2
+    assert total(lmcache["lmcache_mp_lookups_requests"]) == 2
     # HBM (16 blocks) and L1 (8, holding the prompt's first blocks) miss the last 4 blocks; L2 has them.
     assert total(lmcache["lmcache_mp_lookup_hit_l2_keys"]) == 4
     assert quota["exists"] and quota["current_usage_gb"] > 0
@@ -218,10 +218,11 @@ async def test_the_rendered_example_replica_runs_under_kvsim():
     handles = [await kvsim_engine(replica, container, host) for container in replica["spec"]["containers"]]
     server = kvsim_engine.server(replica["metadata"]["uid"])
     try:
-        # One block is one LMCache chunk of the rendered server: --chunk-size tokens, L2 slot_bytes.
-        assert server.params.block_tokens == 256 and server.params.block_bytes == 65011712
+        # One block is one LMCache chunk of the rendered server: --chunk-size tokens, one L2 slot per TP rank
+        # (8 x (65011712 / 8 + the 4096 slot header)).
+        assert server.params.block_tokens == 256 and server.params.block_bytes == 8 * (65011712 // 8 + 4096)
         async with aiohttp.ClientSession() as http:
-            for port, path in ((8000, "/health"), (8080, "/healthcheck"), (9090, "/metrics"), (9400, "/health")):
+            for port, path in ((8000, "/health"), (8080, "/healthcheck"), (8080, "/metrics"), (9400, "/health")):
                 async with http.get(f"http://{host}:{port}{path}") as reply:
                     assert reply.status == 200, (port, path)
             async with http.put(f"http://{host}:8080/quota/_default", json={"limit_gb": 10}) as reply:

@@ -15,7 +15,6 @@ from kvtier.sim.server import (
     GB,
     SimServer,
     lmcache_app,
-    lmcache_metrics_app,
     prompt_blocks,
     replay_trace,
     salted,
@@ -57,11 +56,12 @@ def value(family, **labels):
 async def faces(tmp_path):
     server = SimServer(PARAMS, model="m", lookup_log=LookupHashLog(tmp_path / "log"))
     clients = []
-    for app in (vllm_app(server), lmcache_app(server), lmcache_metrics_app(server)):
+    for app in (vllm_app(server), lmcache_app(server)):
         client = TestClient(TestServer(app))
         await client.start_server()
         clients.append(client)
-    yield server, *clients
+    vllm, lmcache = clients
+    yield server, vllm, lmcache, lmcache  # LMCache 0.5.6 serves /metrics on its HTTP port, beside /quota
     for client in clients:
         await client.close()
 
@@ -76,23 +76,23 @@ async def test_quota_api_put_get_delete_list(faces):
     server, _, lmcache, _ = faces
     reply = await lmcache.get("/quota/_default")
     assert await reply.json() == {"cache_salt": "_default", "limit_gb": 0.0, "current_usage_gb": 0.0, "exists": False}
-    assert (await (await lmcache.get("/quota")).json()) == {"quotas": []}
+    assert (await (await lmcache.get("/quota")).json()) == {"users": {}}
 
     reply = await lmcache.put("/quota/_default", json={"limit_gb": 0.0078125})  # 8 MiB: 8 blocks
     assert reply.status == 200
-    assert (await reply.json())["limit_gb"] == 0.0078125
+    assert await reply.json() == {"cache_salt": "_default", "limit_gb": 0.0078125, "status": "ok"}
     assert server.pool.quota("") == 8  # the empty salt is `_default` in the URL
     await lmcache.put("/quota/tenant-b", json={"limit_gb": 1})
-    listed = (await (await lmcache.get("/quota")).json())["quotas"]
-    assert [(q["cache_salt"], q["limit_gb"], q["exists"]) for q in listed] == [("_default", 0.0078125, True),
-                                                                              ("tenant-b", 1.0, True)]
+    listed = await (await lmcache.get("/quota")).json()
+    assert listed == {"users": {"_default": {"limit_gb": 0.0078125, "current_usage_gb": 0.0},
+                                "tenant-b": {"limit_gb": 1.0, "current_usage_gb": 0.0}}}
     assert server.pool.quota("tenant-b") == GB // BLOCK_BYTES
 
     reply = await lmcache.delete("/quota/tenant-b")
-    assert reply.status == 200 and (await reply.json())["exists"] is False
+    assert reply.status == 200 and await reply.json() == {"cache_salt": "tenant-b", "status": "removed"}
     assert server.pool.quota("tenant-b") is None
     reply = await lmcache.delete("/quota/tenant-b")
-    assert reply.status == 404 and "error" in await reply.json()
+    assert reply.status == 200 and await reply.json() == {"cache_salt": "tenant-b", "status": "not_found"}
     assert (await lmcache.get("/healthcheck")).status == 200
 
 
@@ -167,18 +167,21 @@ async def test_lmcache_metrics_have_the_mp_names_and_per_salt_labels(faces):
     hits = again["kvsim"]["hit_tokens"]
     assert hits["hbm"] == 16 and hits["cpu"] + hits["storage"] == 24
     page = families(await (await metrics.get("/metrics")).text())
-    lookups = {"lmcache_mp_lookup_requested_total", "lmcache_mp_lookup_hit_total", "lmcache_mp_lookup_hit_l1_total",
-               "lmcache_mp_lookup_hit_l2_total", "lmcache_mp_lookup_hit_l1_keys_total",
-               "lmcache_mp_lookup_hit_l2_keys_total", "lmcache_mp_lookups_total"}
-    assert set(page) == lookups | {"lmcache_mp_l1_evicted_total", "lmcache_mp_l2_evicted_objects_total"}
+    lookups = {"lmcache_mp_lookup_requested_tokens_total", "lmcache_mp_lookup_hit_tokens_total", "lmcache_mp_lookup_hit_l1_tokens_total",
+               "lmcache_mp_lookup_hit_l2_tokens_total", "lmcache_mp_lookup_hit_l1_keys_total",
+               "lmcache_mp_lookup_hit_l2_keys_total", "lmcache_mp_lookups_requests_total"}
+    assert set(page) == lookups | {"lmcache_mp_l1_evicted_chunks_total", "lmcache_mp_l2_evicted_objects_chunks_total",
+                                   "lmcache_mp_l1_memory_usage_bytes", "lmcache_mp_l2_usage_bytes"}
     for name in lookups:
         assert all(s.labels["model_name"] == "m" and s.labels["cache_salt"] == "a" for s in page[name].samples)
-    assert value(page["lmcache_mp_lookups_total"]) == 2
-    assert value(page["lmcache_mp_lookup_requested_total"]) == 40 + 24
-    assert value(page["lmcache_mp_lookup_hit_l1_total"]) == hits["cpu"]
-    assert value(page["lmcache_mp_lookup_hit_l2_total"]) == hits["storage"]
-    assert value(page["lmcache_mp_lookup_hit_total"]) == 24
-    assert value(page["lmcache_mp_l1_evicted_total"]) == server.engine.cpu.evicted > 0
+    assert value(page["lmcache_mp_lookups_requests_total"]) == 2
+    assert value(page["lmcache_mp_lookup_requested_tokens_total"]) == 40 + 24
+    assert value(page["lmcache_mp_lookup_hit_l1_tokens_total"]) == hits["cpu"]
+    assert value(page["lmcache_mp_lookup_hit_l2_tokens_total"]) == hits["storage"]
+    assert value(page["lmcache_mp_lookup_hit_tokens_total"]) == 24
+    assert value(page["lmcache_mp_l1_evicted_chunks_total"]) == server.engine.cpu.evicted > 0
+    assert value(page["lmcache_mp_l1_memory_usage_bytes"], backend="dram", l1_tag="_default") == 8 * BLOCK_BYTES
+    assert value(page["lmcache_mp_l2_usage_bytes"], l2_name="raw_block") == server.pool.used * BLOCK_BYTES > 0
 
 
 @pytest.mark.parametrize("body, status", [
@@ -214,8 +217,8 @@ async def test_lookup_hash_log_lines_have_exactly_the_reference_fields(faces):
     assert tuple(record) == FIELDS
     assert isinstance(record["timestamp"], float) and record["model_name"] == "m"
     assert record["chunk_size"] == 4 and record["seq_len"] == 9
-    assert record["chunk_hashes"] == [f"{b:016x}" for b in prompt_blocks(prompt.split(), 4, "s")]
-    assert all(re.fullmatch(r"[0-9a-f]{16}", h) for h in record["chunk_hashes"])
+    assert record["chunk_hashes"] == [f"0x{b:064x}" for b in prompt_blocks(prompt.split(), 4, "s")]
+    assert all(re.fullmatch(r"0x[0-9a-f]{64}", h) for h in record["chunk_hashes"])  # as LMCache 0.5.6 spells them
 
 
 def test_lookup_hash_log_rotates_by_size_and_age_and_keeps_max_files(tmp_path):

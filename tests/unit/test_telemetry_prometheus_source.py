@@ -98,8 +98,7 @@ async def pods():
         registry.register(probe)
 
         async def quota(_, limit=limit, used=used):
-            return web.json_response({"quotas": [{"cache_salt": "_default", "limit_gb": limit,
-                                                  "current_usage_gb": used, "exists": True}]})
+            return web.json_response({"users": {"_default": {"limit_gb": limit, "current_usage_gb": used}}})
 
         async def metrics(_, registry=registry):
             return web.Response(body=generate_latest(registry), content_type="text/plain")

@@ -29,7 +29,7 @@ def test_queries_use_total_suffixes_old_names_and_the_window():
     assert queries["ttft_p99_seconds"] == (
         f"histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{SELECTOR}}}[300s])))")
     assert "vllm:gpu_cache_usage_perc" in queries["hbm_watermark_max"] and "max_over_time" in queries["hbm_watermark_max"]
-    assert "lmcache_mp_lookup_hit_l2_total" in queries["lmcache_hit_l2"]
+    assert "lmcache_mp_lookup_hit_l2_tokens_total" in queries["lmcache_hit_l2"]
     assert queries["demand_bytes"] == f"sum by (pod, le) (kvtier_probe_stack_distance_bytes_bucket{{{SELECTOR}}})"
 
 
@@ -90,7 +90,7 @@ def test_missing_pods_series_and_failed_queries_make_it_stale():
     results["hbm_watermark"] = per_pod(**{"m-0": 0.5})  # m-1 has no fresh sample
     results["lmcache_hit_l1"] = per_pod(**{"m-1": 0})
     summary = summary_from_results(results, 300, required=REQUIRED_LMCACHE_MP, expected=["m-0", "m-1", "m-2"])
-    assert summary.stale == ("replica m-0: not served: lmcache_mp_lookup_hit_l1; replica m-1: no fresh sample; "
+    assert summary.stale == ("replica m-0: not served: lmcache_mp_lookup_hit_l1_tokens; replica m-1: no fresh sample; "
                              "replica m-2: no sample in the window")
     results = answers()
     results["ttft_p50_seconds"] = {"status": "error", "errorType": "timeout", "error": "query timed out"}

@@ -63,7 +63,7 @@ async def server():
         return response
 
     async def quota(request):
-        return web.json_response({"quotas": [{"cache_salt": "_default", "limit_gb": 4.0, "current_usage_gb": 1.0}]})
+        return web.json_response({"users": {"_default": {"limit_gb": 4.0, "current_usage_gb": 1.0}}})
 
     async def not_json(request):
         return web.Response(text="<html>")
@@ -122,7 +122,7 @@ async def test_scrape_all_covers_every_endpoint_and_records_the_cycle(server):
     page = by["chat-0", "vllm"].page
     assert by["chat-0", "vllm"].ok and page.sum("vllm:kv_cache_usage_perc") == 0.25
     assert page.sum("vllm:prefix_cache_queries_total") == 1000
-    assert by["chat-0", "quota"].data["quotas"][0]["limit_gb"] == 4.0
+    assert by["chat-0", "quota"].data["users"]["_default"]["limit_gb"] == 4.0
     assert by["chat-1", "vllm"].error == "refused"
     sample = metrics.registry.get_sample_value
     assert sample("kvtier_scrape_targets", {"endpoint": "vllm"}) == 2

@@ -63,7 +63,7 @@ def test_old_and_new_vllm_names_give_the_same_snapshot(text):
 
 
 def test_missing_series_are_none_and_declared_empty_counters_are_zero():
-    snapshot = replica_snapshot(page("# TYPE lmcache_mp_lookup_hit_l1_total counter\nvllm:kv_cache_usage_perc 0\n"),
+    snapshot = replica_snapshot(page("# TYPE lmcache_mp_lookup_hit_l1_tokens_total counter\nvllm:kv_cache_usage_perc 0\n"),
                                 lmcache=page(""))
     assert snapshot.lmcache_hit_l1 == 0.0
     assert snapshot.lmcache_hit_l2 is None and snapshot.prefix_cache_hits is None and snapshot.prompt_tokens is None
@@ -78,9 +78,9 @@ def test_invalid_values_are_none_with_a_reason():
 
 
 def test_lmcache_mp_counters_summed_over_salts_and_classic_names():
-    mp = page('lmcache_mp_lookup_requested_total{cache_salt="",model_name="m"} 10\n'
-              'lmcache_mp_lookup_requested_total{cache_salt="t1",model_name="m"} 20\n'
-              'lmcache_mp_lookup_hit_l1{cache_salt="t1"} 4\nlmcache_mp_lookup_hit_l2{cache_salt="t1"} 6\n')
+    mp = page('lmcache_mp_lookup_requested_tokens_total{cache_salt="",model_name="m"} 10\n'
+              'lmcache_mp_lookup_requested_tokens_total{cache_salt="t1",model_name="m"} 20\n'
+              'lmcache_mp_lookup_hit_l1_tokens{cache_salt="t1"} 4\nlmcache_mp_lookup_hit_l2_tokens{cache_salt="t1"} 6\n')
     snapshot = replica_snapshot(lmcache=mp)
     assert (snapshot.lmcache_requested, snapshot.lmcache_hit_l1, snapshot.lmcache_hit_l2) == (30, 4, 6)
     classic = page("lmcache:num_requested_tokens_total{worker_id=\"0\"} 8\nlmcache:num_hit_tokens_total"
@@ -125,10 +125,13 @@ def test_histograms_are_summed_over_engines_and_checked():
 def test_quota_api_answers():
     one = {"cache_salt": "_default", "limit_gb": 2.0, "current_usage_gb": 0.5, "exists": True}
     assert quota_usage(one) == (2 * GB, 0.5 * GB)
-    listed = {"quotas": [one, {"cache_salt": "t", "limit_gb": 0.0, "current_usage_gb": 0.25, "exists": False}]}
-    assert quota_usage(listed) == (2 * GB, 0.75 * GB)
-    for broken in ({"quotas": "x"}, {"limit_gb": "2"}, {"quotas": [1]}, {"limit_gb": -1, "current_usage_gb": 0},
-                   [], {"quotas": []}):
+    assert quota_usage({**one, "exists": False}) == (None, 0.5 * GB)  # a salt without a quota
+    # GET /quota as LMCache 0.5.6 answers it: an object keyed by salt (only salts with a quota)
+    listed = {"users": {"_default": {"limit_gb": 2.0, "current_usage_gb": 0.5},
+                        "t": {"limit_gb": 1.0, "current_usage_gb": 0.25}}}
+    assert quota_usage(listed) == (3 * GB, 0.75 * GB)
+    for broken in ({"users": "x"}, {"limit_gb": "2"}, {"users": {"a": 1}}, {"limit_gb": -1, "current_usage_gb": 0},
+                   [], {"users": {}}, {"users": [{"limit_gb": 1, "current_usage_gb": 0}]}):
         assert quota_usage(broken) == (None, None)
 
 
@@ -223,7 +226,7 @@ def test_staleness_reasons():
     window.add("a", 0, snapshot(0, 0, 0, 0))
     window.add("b", 0, Snapshot(hbm_watermark=0.1, prompt_tokens=5, prefix_cache_hits=1))
     summary = window.summary(10, replicas=["a", "b", "c"])
-    assert summary.stale == ("replica b: not served: lmcache_mp_lookup_hit_l1, lmcache_mp_lookup_hit_l2; "
+    assert summary.stale == ("replica b: not served: lmcache_mp_lookup_hit_l1_tokens, lmcache_mp_lookup_hit_l2_tokens; "
                              "replica c: no sample in the window")
     assert window.summary(31, replicas=["a"]).stale.startswith("replica a: no sample in the last 30 s")
     assert DeploymentWindow(60, 30).summary(0).stale == "no replica has reported metrics"
@@ -299,7 +302,8 @@ def sim_snapshot(server, probe=None):
     probe_page = parse_exposition(generate_latest(probe)) if probe is not None else None
     return replica_snapshot(parse_exposition(generate_latest(server.vllm_registry)),
                             parse_exposition(generate_latest(server.mp_registry)), probe_page,
-                            quota={"quotas": [server.quota_entry(salt) for salt in server.quota_salts()]})
+                            quota={"users": {server.quota_entry(salt)["cache_salt"]: server.quota_entry(salt)
+                                             for salt in server.quota_salts()}})
 
 
 def test_simulated_replicas_end_to_end():

@@ -18,8 +18,7 @@ def replica(name, *, deployment="chat", namespace="ns", ready=True, ip="127.1.0.
     if containers is None:
         containers = [
             {"name": "vllm", "ports": [{"name": "http", "containerPort": 8000}]},
-            {"name": "lmcache", "ports": [{"name": "lmcache-api", "containerPort": 8080},
-                                          {"name": "lmcache-metrics", "containerPort": 9090}]},
+            {"name": "lmcache", "ports": [{"name": "lmcache-api", "containerPort": 8080}]},
             {"name": "kvtier-probe", "ports": [{"name": "probe-metrics", "containerPort": 9400}]},
         ]
     return {"metadata": metadata, "spec": {"containers": containers},
@@ -29,8 +28,9 @@ def replica(name, *, deployment="chat", namespace="ns", ready=True, ip="127.1.0.
 def test_a_ready_replica_is_a_target_with_its_endpoints():
     target = target_of(replica("chat-0"))
     assert target == Target("ns", "chat", "chat-0", "127.1.0.5",
-                            (("vllm", 8000), ("lmcache", 9090), ("probe", 9400), ("quota", 8080)))
-    assert target.urls() == {"vllm": "http://127.1.0.5:8000/metrics", "lmcache": "http://127.1.0.5:9090/metrics",
+                            (("vllm", 8000), ("lmcache", 8080), ("probe", 9400), ("quota", 8080)))
+    # LMCache 0.5.6 serves /metrics on its HTTP port, beside /quota
+    assert target.urls() == {"vllm": "http://127.1.0.5:8000/metrics", "lmcache": "http://127.1.0.5:8080/metrics",
                              "probe": "http://127.1.0.5:9400/metrics", "quota": "http://127.1.0.5:8080/quota"}
     assert target_of(replica("v6", ip="fd00::5")).urls()["vllm"] == "http://[fd00::5]:8000/metrics"
 

@@ -43,6 +43,7 @@ ALWAYS_OWNED_FLAGS = _owned_flags_pattern(
         "served-model-name",
         "tensor-parallel-size",
         "gpu-memory-utilization",
+        "device-memory-utilization",  # vLLM 0.33's alias of --gpu-memory-utilization
         "max-model-len",
     ),
     ("tp",),

@@ -44,7 +44,7 @@ from kvtier.rebalance.actuator import apply_quotas
 from kvtier.rebalance.demand import HALF_LIFE_INTERVALS, DemandBook, Geometry
 from kvtier.rebalance.loop import Decision, DeploymentState, LoopSettings, decide
 from kvtier.render import StorageBinding, selector
-from kvtier.render.lmcache import slot_bytes
+from kvtier.render.lmcache import chunk_storage_bytes
 from kvtier.render.volumes import kv_volume
 from kvtier.storage.ledger import QUOTA_ALIGN, allocated, summarise
 from kvtier.telemetry.metrics import OperatorMetrics
@@ -203,7 +203,7 @@ def _state(book: DemandBook, member: _Member, unit: int, capacity_units: int, se
     spec = member.deployment.spec
     storage = spec.kv_cache.storage
     assert storage is not None
-    chunk = slot_bytes(member.deployment)
+    chunk = chunk_storage_bytes(member.deployment)
     cpu = spec.kv_cache.cpu.size if spec.kv_cache.cpu is not None else 0
     geometry = Geometry(unit_bytes=unit, chunk_bytes=chunk, chunk_tokens=spec.kv_cache.chunk_size,
                         front_chunks=cpu / chunk)

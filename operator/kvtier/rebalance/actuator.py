@@ -4,6 +4,11 @@
 (under IsolatedLRU a salt without a quota gets no L2 at all); a `GET` confirms it. Only then is
 the pod's `kvtier.io/kv-quota-applied` condition set, so a replica takes traffic only with its
 tier in place. Every call is idempotent: the controller repeats them each resync.
+
+A replica whose `lmcache` container keeps exiting is reported with LMCache's own last words (the
+container's termination message: rendered with `FallbackToLogsOnError`, so the log tail), and the
+one known cause named: an image without `lmcache-rust-raw-block-io`, which the `raw_block` adapter
+needs and lmcache 0.5.6 does not install.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ from kvtier.kube import PODS, APIError, KubeClient
 from kvtier.render import QUOTA_GATE
 
 DEFAULT_SALT = "_default"
+#: What LMCache 0.5.6 says when the raw_block adapter's Rust extension is missing (tests/conformance pins it).
+RAW_BLOCK_MISSING = "Rust raw-block extension is not installed"
+RAW_BLOCK_HINT = ("the lmcache image lacks the raw_block adapter's extension: install "
+                  "`lmcache-rust-raw-block-io` (pip install --pre 'lmcache-rust-raw-block-io==0.5.7rc2') in it")
 #: Quotas are compared at this precision (LMCache keeps `limit_gb` as a float).
 GIB_TOLERANCE = 1e-6
 
@@ -33,6 +42,22 @@ class QuotaResult:
 def _container_ready(pod: dict[str, Any], name: str) -> bool:
     statuses = (pod.get("status") or {}).get("containerStatuses", [])
     return any(s.get("name") == name and s.get("ready") for s in statuses)
+
+
+def exit_reason(pod: dict[str, Any], name: str) -> str | None:
+    """Why container `name` last exited, when it did: its termination message, the known cause named first."""
+    for status in (pod.get("status") or {}).get("containerStatuses", []):
+        if status.get("name") != name:
+            continue
+        for state in (status.get("state") or {}, status.get("lastState") or {}):
+            terminated = state.get("terminated")
+            if terminated and terminated.get("exitCode", 0) != 0:
+                message = (terminated.get("message") or "").strip()
+                if RAW_BLOCK_MISSING in message:
+                    return f"container {name} exits: {RAW_BLOCK_HINT} ({RAW_BLOCK_MISSING})"
+                last = message.splitlines()[-1][:300] if message else terminated.get("reason", "")
+                return f"container {name} exits with code {terminated.get('exitCode')}: {last}"
+    return None
 
 
 def _gate_open(pod: dict[str, Any]) -> bool:
@@ -84,7 +109,7 @@ async def apply_quotas(
         name = pod["metadata"]["name"]
         address = (pod.get("status") or {}).get("podIP")
         if not address or not _container_ready(pod, container) or pod["metadata"].get("deletionTimestamp"):
-            return QuotaResult(name, False, "not running yet")
+            return QuotaResult(name, False, exit_reason(pod, container) or "not running yet")
         problem = await set_quota(http, address, port, quota_bytes)
         if problem:
             return QuotaResult(name, False, problem)

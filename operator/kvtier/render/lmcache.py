@@ -6,8 +6,12 @@ as Kubernetes quantities (`200Gi`), which LMCache would fail to parse or misread
 
 LMCacheMP: an `lmcache server` beside vLLM with L1 = `cpu.size`, one L2 `raw_block` adapter on the
 replica's volume (the block device, or a pre-sized file on a Filesystem volume) spanning the whole
-volume, and eviction `IsolatedLRU`: the live quota (`PUT /quota/_default`) is what bounds each
-deployment's use, so the rebalancer never restarts anything. When the pool rebalances from measured
+volume, and eviction `IsolatedLRU` (always: 0.5.6 refuses `--l1-size-gb` without an eviction policy):
+the live quota (`PUT /quota/_default`) is what bounds each
+deployment's use, so the rebalancer never restarts anything. The server serves `/metrics` on its
+HTTP port (`--http-port`, beside `/quota`); 0.5.6 never opens `--prometheus-port`, so it is not
+rendered. The `raw_block` adapter imports `lmcache_rust_raw_block_io`, which lmcache 0.5.6 does not
+depend on: the `lmcache` image must have `lmcache-rust-raw-block-io` installed. When the pool rebalances from measured
 demand, the server also writes its lookup-hash log for the probe.
 
 LMCacheInProcess: LMCache inside vLLM, configured by a YAML file: `local_cpu` per TP rank, and either
@@ -46,6 +50,11 @@ IN_PROCESS_HASH = "builtin"
 RAW_BLOCK_PLUGIN = "rust_raw_block"
 RAW_BLOCK_MODULE = "lmcache.v1.storage_backend.plugins.rust_raw_block_backend"
 RAW_BLOCK_CLASS = "RustRawBlockBackend"
+#: LMCache 0.5.6 requires an eviction policy whenever `--l1-size-gb` is given (it exits at start without
+#: one); IsolatedLRU keeps one LRU per `cache_salt`, bounded by the live quota.
+EVICTION_POLICY = "IsolatedLRU"
+#: LMCache's raw-block slot header (the adapter's `header_bytes` default): a slot's payload is what is left.
+RAW_BLOCK_HEADER_BYTES = 4096
 #: Asynchronous, batched device I/O for the raw-block tiers.
 IO_ENGINE = "io_uring"
 
@@ -97,8 +106,20 @@ def check_supported(deployment: InferenceDeployment, volume: KVVolume | None) ->
 
 
 def slot_bytes(deployment: InferenceDeployment) -> int:
-    """One chunk's KV bytes rounded up to the device alignment (O_DIRECT needs aligned slots)."""
-    return align_up(deployment.spec.chunk_bytes, BLOCK_ALIGN)
+    """The raw-block slot of one stored object: one TP rank's share of a chunk plus LMCache's slot header,
+    rounded up to the device alignment (O_DIRECT needs aligned slots).
+
+    The MP server stores a chunk as one object per TP rank (each rank's KV heads), and a slot holds
+    `slot_bytes - header_bytes` of payload: a slot of exactly the chunk's size takes nothing
+    ("payload ... does not fit slot", every L2 store fails).
+    """
+    ranks = deployment.spec.engine.tensor_parallel_size
+    return align_up(-(-deployment.spec.chunk_bytes // ranks) + RAW_BLOCK_HEADER_BYTES, BLOCK_ALIGN)
+
+
+def chunk_storage_bytes(deployment: InferenceDeployment) -> int:
+    """L2 bytes one chunk takes on the raw-block device: one slot per TP rank."""
+    return slot_bytes(deployment) * deployment.spec.engine.tensor_parallel_size
 
 
 def load_workers(deployment: InferenceDeployment) -> int:
@@ -129,13 +150,12 @@ def server_args(
         "--port", str(options.lmcache_port),
         "--http-host", "0.0.0.0",
         "--http-port", str(options.lmcache_http_port),
-        "--prometheus-port", str(options.lmcache_metrics_port),
         "--chunk-size", str(kv_cache.chunk_size),
         "--l1-size-gb", gib_text(kv_cache.cpu.size),
+        "--eviction-policy", EVICTION_POLICY,
     ]  # fmt: skip
     if volume is not None:
-        adapter = _compact_json(raw_block_adapter(deployment, volume))
-        args += ["--l2-adapter", adapter, "--eviction-policy", "IsolatedLRU"]
+        args += ["--l2-adapter", _compact_json(raw_block_adapter(deployment, volume))]
     if lookup_log:
         args += [
             "--lookup-hash-log-dir", LOOKUP_LOG_DIR,

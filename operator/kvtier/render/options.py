@@ -14,8 +14,9 @@ class RenderOptions:
     """Settings the operator applies to every InferenceDeployment it renders.
 
     The image defaults are only defaults: override them (operator flags, Helm values) with the images
-    you actually run. `lmcache_image` must contain LMCache 0.5.6's `lmcache server`; `probe_image` must
-    contain this package's `kvtier probe`.
+    you actually run. `lmcache_image` must contain LMCache 0.5.6's `lmcache server` and, for storage tiers,
+    `lmcache-rust-raw-block-io` (the raw_block adapter's extension, which lmcache does not install);
+    `probe_image` must contain this package's `kvtier probe`.
     """
 
     lmcache_image: str = "lmcache/vllm-openai:v0.5.6"
@@ -29,9 +30,8 @@ class RenderOptions:
     lmcache_port: int = 5555
     """The LMCache MP server's ZMQ port (vLLM's connector talks to it over localhost)."""
     lmcache_http_port: int = 8080
-    """The LMCache MP server's HTTP API (`/quota`, `/healthcheck`)."""
-    lmcache_metrics_port: int = 9090
-    """The LMCache MP server's Prometheus port."""
+    """The LMCache MP server's HTTP API (`/quota`, `/healthcheck`) and its `/metrics` (0.5.6 serves them
+    on one port and never opens `--prometheus-port`)."""
     probe_port: int = 9400
     """The probe's `/metrics`."""
     default_engine_memory: int = 32 * GIB

@@ -5,8 +5,9 @@
   `VLLM_PORT=tcp://...` (from any Service named `vllm`) would break vLLM's own settings.
 - `lmcache` (LMCacheMP): `lmcache server`. vLLM hands it KV tensors over CUDA IPC, so it shares the
   pod's `/dev/shm` with `vllm` and sees the node's GPUs through `NVIDIA_VISIBLE_DEVICES=all` without
-  claiming any (as LMCache's own operator runs it). Its HTTP API listens on all addresses so the
-  rebalancer can set quotas; its ZMQ port only on localhost.
+  claiming any (as LMCache's own operator runs it). Its HTTP port (`lmcache-api`: the quota API and
+  `/metrics`) listens on all addresses so the rebalancer can set quotas and the operator scrape it;
+  its ZMQ port only on localhost. The image needs `lmcache-rust-raw-block-io` for the storage tier.
 - `kvtier-probe` (LMCacheMP with a storage tier on a pool that is not `Static`):
   `kvtier probe --log-dir DIR --chunk-bytes N --port P`: tails the LMCache lookup-hash log in DIR (an
   emptyDir shared with `lmcache`), keeps LRU stack distances of chunks (N bytes each) and serves the
@@ -45,8 +46,8 @@ CONFIG_VOLUME = "lmcache-config"
 LMCACHE_STARTUP_SECONDS = 600
 #: Port names (also the PodMonitor's endpoints).
 HTTP_PORT = "http"
+#: The LMCache MP server's HTTP port: its API (`/quota`, `/healthcheck`) and its `/metrics`.
 LMCACHE_API_PORT = "lmcache-api"
-LMCACHE_METRICS_PORT = "lmcache-metrics"
 PROBE_METRICS_PORT = "probe-metrics"
 #: Empties the disk tier's directory; a filesystem's own `lost+found` stays.
 _WIPE = "find {dir} -mindepth 1 -maxdepth 1 ! -name lost+found -exec rm -rf {{}} +"
@@ -185,16 +186,15 @@ def lmcache_container(plan: PodPlan) -> dict[str, Any]:
             _env("NVIDIA_VISIBLE_DEVICES", "all"),
             _env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
         ],
-        "ports": [
-            {"name": LMCACHE_API_PORT, "containerPort": options.lmcache_http_port},
-            {"name": LMCACHE_METRICS_PORT, "containerPort": options.lmcache_metrics_port},
-        ],
+        "ports": [{"name": LMCACHE_API_PORT, "containerPort": options.lmcache_http_port}],
         "resources": {
             "requests": {"cpu": options.lmcache_cpu, "memory": memory},
             "limits": {"memory": memory},
         },
         **_mounts(plan, "lmcache", {"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *log_mounts),
         **_probes("/healthcheck", LMCACHE_API_PORT, LMCACHE_STARTUP_SECONDS),
+        # Why LMCache exits (e.g. a missing raw-block extension) reaches the pod status and the operator.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
 
 

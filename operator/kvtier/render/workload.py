@@ -32,7 +32,6 @@ from kvtier.render.pod import (
     CONFIG_HASH_ANNOTATION,
     HTTP_PORT,
     LMCACHE_API_PORT,
-    LMCACHE_METRICS_PORT,
     PROBE_METRICS_PORT,
     PodPlan,
     pod_template,
@@ -117,7 +116,7 @@ def pod_monitor(plan: PodPlan) -> dict[str, Any]:
     """A Prometheus Operator PodMonitor scraping every metrics port of the pod."""
     ports = [HTTP_PORT]
     if plan.mode == "LMCacheMP":
-        ports.append(LMCACHE_METRICS_PORT)
+        ports.append(LMCACHE_API_PORT)
     if plan.probe:
         ports.append(PROBE_METRICS_PORT)
     return {

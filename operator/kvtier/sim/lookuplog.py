@@ -4,8 +4,9 @@ With ``--lookup-hash-log-dir DIR`` an LMCache 0.5.6 MP server writes one JSON ob
 ``DIR/lookup_hashes_<YYYYmmdd_HHMMSS>_<NNNNNN>.jsonl`` (the time the file was opened, UTC here,
 and a per-process sequence number). Fields, in this order: ``timestamp`` (unix seconds, float),
 ``request_id``, ``model_name``, ``chunk_size`` (tokens per chunk), ``seq_len`` (tokens looked
-up), ``dtypes``, ``shapes`` (of the KV cache; decorative here) and ``chunk_hashes`` (hex strings,
-prefix-chained: a hash stands for its chunk and every chunk before it).
+up), ``dtypes``, ``shapes`` (of the KV cache; decorative here) and ``chunk_hashes`` (``0x`` and 64
+hex digits, prefix-chained: a hash stands for its chunk and every chunk before it). The conformance
+tier checks these fields and spellings against a real server's log.
 
 A new file starts when the current one is older than ``rotation_interval`` seconds or a line
 would push it past ``max_bytes``; then the oldest files beyond ``max_files`` are deleted.
@@ -31,8 +32,8 @@ FIELDS = ("timestamp", "request_id", "model_name", "chunk_size", "seq_len", "dty
 
 
 def chunk_hash(block: int) -> str:
-    """The hex spelling of a simulated block id (block ids are < 2**64)."""
-    return f"{block:016x}"
+    """A simulated block id spelt as LMCache 0.5.6 spells its 256-bit (blake3) chunk hashes: ``0x`` and 64 hex digits."""
+    return f"0x{block:064x}"
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,13 @@ pod with ``(pod, container, address)`` and recognises the container by its comma
 
 - ``vllm serve MODEL ...``: vLLM's face on ``--port`` (default 8000); the model name is
   ``--served-model-name`` or ``MODEL``. Its environment configures the simulated load (below).
-- ``lmcache server ...``: the MP HTTP API on ``--http-port`` (default 8080), the MP metrics on
-  ``--prometheus-port`` (if given) and, with ``--lookup-hash-log-dir``, the lookup-hash log with
+- ``lmcache server ...``: the MP HTTP API and its ``/metrics`` on ``--http-port`` (default 8080; as
+  LMCache 0.5.6, which never opens ``--prometheus-port``) and, with ``--lookup-hash-log-dir``, the lookup-hash log with
   the ``--lookup-hash-log-rotation-interval``, ``--lookup-hash-log-rotation-max-size`` (bytes)
   and ``--lookup-hash-log-max-files`` flags. A simulated block is one LMCache chunk: its
-  ``--chunk-size`` tokens, and ``slot_bytes`` of its ``--l2-adapter`` per chunk, size the engine
-  (so a quota in GB buys the same chunks as on the real server).
+  ``--chunk-size`` tokens, and one ``slot_bytes`` of its ``--l2-adapter`` per TP rank of the pod's
+  vLLM (``--tensor-parallel-size``) per chunk, size the engine (so a quota in GB buys the same
+  chunks as on the real server, which stores a chunk as one object per rank).
 - ``kvtier probe ...``: the real probe (:mod:`kvtier.probe`), parsed by the real command line,
   on the pod's address and its ``--port``.
 
@@ -220,9 +221,7 @@ class KvsimEngines:
                                              **rotation)
                 sim.server.lookup_log = lookup_log
                 sim.closers.append(lookup_log.close)
-            metrics_port = flag(words, "--prometheus-port")
-            return [await start_sim(sim.server, address, lmcache_http_port=int(flag(words, "--http-port") or 8080),
-                                    lmcache_prometheus_port=int(metrics_port) if metrics_port else None)]
+            return [await start_sim(sim.server, address, lmcache_http_port=int(flag(words, "--http-port") or 8080))]
         options = ProbeOptions.from_argv(words)
         options = replace(options, log_dir=str(self._path(sim, container, options.log_dir)))
         return [await start_probe(options.build(), address, options.port)]
@@ -280,7 +279,10 @@ def _chunk_geometry(pod: Pod) -> EngineParams:
                 continue
             if slot_bytes:
                 break
-    per_token = slot_bytes // tokens if slot_bytes >= tokens else SERVE_DEFAULTS.kv_bytes_per_token
+    vllm = _find(pod, "vllm")
+    ranks = flag(vllm[1], "--tensor-parallel-size") if vllm is not None else None
+    chunk_bytes = slot_bytes * (int(ranks) if ranks and ranks.isdigit() and int(ranks) > 0 else 1)
+    per_token = chunk_bytes // tokens if chunk_bytes >= tokens else SERVE_DEFAULTS.kv_bytes_per_token
     return replace(SERVE_DEFAULTS, block_tokens=tokens, kv_bytes_per_token=per_token)
 
 

@@ -4,17 +4,19 @@ A :class:`SimServer` wraps one :class:`~kvtier.sim.engine.Engine` whose storage 
 :class:`~kvtier.sim.cache.IsolatedLRU` (one partition per ``cache_salt``) and runs it on a
 clock that goes ``speed`` times faster than the wall clock: latencies, TTFT and gauges are in
 simulated seconds. Requests come from ``/v1/completions`` or from a trace replayed in (scaled)
-real time (:func:`replay_trace`). Three faces, each an aiohttp application:
+real time (:func:`replay_trace`). Two faces, each an aiohttp application:
 
 - :func:`vllm_app` (vLLM's port): ``/health``, ``/v1/models``, ``/v1/completions`` and
   ``/metrics`` with vLLM 0.33's names and labels (``model_name``, ``engine``).
-- :func:`lmcache_app` (the MP server's ``--http-port``): ``/healthcheck`` and the quota API
-  (``PUT|GET|DELETE /quota/{salt}``, ``GET /quota``; the empty salt is ``_default``). A quota of
-  ``limit_gb`` GiB resizes the salt's L2 partition to ``floor(limit_gb * 2**30 / block_bytes)``
-  blocks at once; a salt without a quota keeps nothing (IsolatedLRU).
-- :func:`lmcache_metrics_app` (the MP server's ``--prometheus-port``): ``/metrics`` with the
-  MP instruments as Prometheus spells them (``lmcache_mp_lookup_hit_l2_total``, ...), lookup
-  counters labelled ``model_name`` and ``cache_salt``.
+- :func:`lmcache_app` (the MP server's ``--http-port``, where LMCache 0.5.6 serves its API and its
+  metrics; it never opens ``--prometheus-port``): ``/healthcheck``, the quota API as 0.5.6 answers it
+  (``PUT|GET|DELETE /quota/{salt}``, ``GET /quota`` -> ``{"users": {salt: {...}}}``; the empty salt
+  is ``_default``) and ``/metrics``. A quota of ``limit_gb`` GiB resizes the salt's L2 partition to
+  ``floor(limit_gb * 2**30 / block_bytes)`` blocks at once; a salt without a quota keeps nothing
+  (IsolatedLRU). The metrics are the MP server's OpenTelemetry instruments as its Prometheus
+  exporter spells them, unit included (``lmcache_mp_lookup_hit_l2_tokens_total``,
+  ``lmcache_mp_l1_memory_usage_bytes``...), with the real labels (lookups: ``model_name`` and
+  ``cache_salt``; L1: ``backend``, ``l1_tag``; L2: ``l2_name``).
 
 Every request is also written to the lookup-hash log when one is configured. How the counters
 follow the model: the whole prompt is looked up in HBM (``prefix_cache_queries``); the tokens
@@ -46,7 +48,7 @@ from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from kvtier.sim.cache import IsolatedLRU
@@ -59,8 +61,10 @@ log = logging.getLogger(__name__)
 
 #: Bytes of one ``limit_gb`` of the quota API.
 GB = 1 << 30
-#: The URL spelling of the empty salt.
+#: The URL spelling of the empty salt (also LMCache's default L1 tag).
 DEFAULT_SALT = "_default"
+#: The L2 adapter kvtier renders (LMCache labels L2 series ``l2_name`` with the adapter type).
+L2_NAME = "raw_block"
 #: vLLM's TTFT buckets (seconds).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -228,16 +232,17 @@ class _VllmMetrics:
 
 
 class _MpMetrics:
-    """LMCache MP instruments on a Prometheus endpoint: dots become underscores, counters end in ``_total``."""
+    """LMCache MP instruments as its OpenTelemetry Prometheus exporter spells them: dots become underscores,
+    the unit is appended (unless the name ends in it) and counters end in ``_total``."""
 
     _LOOKUP = (
-        ("lmcache_mp_lookup_requested", "Tokens asked of LMCache."),
-        ("lmcache_mp_lookup_hit", "Tokens LMCache found."),
-        ("lmcache_mp_lookup_hit_l1", "Tokens found in L1."),
-        ("lmcache_mp_lookup_hit_l2", "Tokens found in L2."),
+        ("lmcache_mp_lookup_requested_tokens", "Tokens asked of LMCache."),
+        ("lmcache_mp_lookup_hit_tokens", "Tokens LMCache found."),
+        ("lmcache_mp_lookup_hit_l1_tokens", "Tokens found in L1."),
+        ("lmcache_mp_lookup_hit_l2_tokens", "Tokens found in L2."),
         ("lmcache_mp_lookup_hit_l1_keys", "Chunks found in L1."),
         ("lmcache_mp_lookup_hit_l2_keys", "Chunks found in L2."),
-        ("lmcache_mp_lookups", "Lookups."),
+        ("lmcache_mp_lookups_requests", "Lookups."),
     )
 
     def __init__(self, server: SimServer) -> None:
@@ -250,31 +255,39 @@ class _MpMetrics:
         _, cpu, storage = outcome.hit_tokens
         _, cpu_keys, storage_keys = outcome.hit_blocks
         values = {
-            "lmcache_mp_lookup_requested": outcome.input_tokens - outcome.hit_tokens[Tier.HBM],
-            "lmcache_mp_lookup_hit": cpu + storage,
-            "lmcache_mp_lookup_hit_l1": cpu,
-            "lmcache_mp_lookup_hit_l2": storage,
+            "lmcache_mp_lookup_requested_tokens": outcome.input_tokens - outcome.hit_tokens[Tier.HBM],
+            "lmcache_mp_lookup_hit_tokens": cpu + storage,
+            "lmcache_mp_lookup_hit_l1_tokens": cpu,
+            "lmcache_mp_lookup_hit_l2_tokens": storage,
             "lmcache_mp_lookup_hit_l1_keys": cpu_keys,
             "lmcache_mp_lookup_hit_l2_keys": storage_keys,
-            "lmcache_mp_lookups": 1,
+            "lmcache_mp_lookups_requests": 1,
         }
         for name, value in values.items():
             self.counters[name].labels(model_name=self.model, cache_salt=salt).inc(value)
 
 
 class _EvictionCollector:
-    """Eviction counters read from the cache model at scrape time."""
+    """Tier usage and eviction counters read from the cache model at scrape time."""
 
     def __init__(self, server: SimServer) -> None:
         self.server = server
 
     def collect(self) -> Any:
         engine, pool = self.server.engine, self.server.pool
-        l1 = CounterMetricFamily("lmcache_mp_l1_evicted", "Chunks evicted from L1.")
+        block_bytes = self.server.params.block_bytes
+        l1_usage = GaugeMetricFamily("lmcache_mp_l1_memory_usage_bytes", "Bytes held in L1.",
+                                     labels=["backend", "l1_tag"])
+        l1_usage.add_metric(["dram", DEFAULT_SALT], len(engine.cpu) * block_bytes if engine.cpu is not None else 0)
+        l2_usage = GaugeMetricFamily("lmcache_mp_l2_usage_bytes", "Bytes held in each L2 adapter.",
+                                     labels=["l2_name"])
+        l2_usage.add_metric([L2_NAME], pool.used * block_bytes)
+        l1 = CounterMetricFamily("lmcache_mp_l1_evicted_chunks", "Chunks evicted from L1.")
         l1.add_metric([], engine.cpu.evicted if engine.cpu is not None else 0)
-        l2 = CounterMetricFamily("lmcache_mp_l2_evicted_objects", "Objects evicted from L2.")
-        l2.add_metric([], sum(pool.partition(salt).evicted for salt in pool.salts()))
-        return [l1, l2]
+        l2 = CounterMetricFamily("lmcache_mp_l2_evicted_objects_chunks", "Objects evicted from L2.",
+                                 labels=["l2_name"])
+        l2.add_metric([L2_NAME], sum(pool.partition(salt).evicted for salt in pool.salts()))
+        return [l1_usage, l2_usage, l1, l2]
 
 
 # HTTP faces.
@@ -376,7 +389,7 @@ def vllm_app(server: SimServer) -> web.Application:
 
 
 def lmcache_app(server: SimServer) -> web.Application:
-    """The LMCache MP server's HTTP API: health and live per-salt quotas."""
+    """The LMCache MP server's HTTP port: health, live per-salt quotas and ``/metrics``."""
 
     def salt_of(request: web.Request) -> str:
         salt = request.match_info["salt"]
@@ -394,16 +407,21 @@ def lmcache_app(server: SimServer) -> web.Application:
             server.set_quota(salt_of(request), float(limit))
         except ValueError:
             raise BadRequest('body must be {"limit_gb": <finite number >= 0>}') from None
-        return web.json_response(server.quota_entry(salt_of(request)))
+        salt = salt_of(request)
+        return web.json_response({"cache_salt": salt or DEFAULT_SALT, "limit_gb": server.quota_entry(salt)["limit_gb"],
+                                  "status": "ok"})
 
     async def delete_quota(request: web.Request) -> web.Response:
         salt = salt_of(request)
-        if not server.delete_quota(salt):
-            return _error(404, f"no quota for cache_salt {request.match_info['salt']!r}")
-        return web.json_response(server.quota_entry(salt))
+        removed = server.delete_quota(salt)
+        return web.json_response({"cache_salt": salt or DEFAULT_SALT, "status": "removed" if removed else "not_found"})
 
     async def list_quotas(_: web.Request) -> web.Response:
-        return web.json_response({"quotas": [server.quota_entry(salt) for salt in server.quota_salts()]})
+        users = {}
+        for salt in server.quota_salts():
+            entry = server.quota_entry(salt)
+            users[entry["cache_salt"]] = {"limit_gb": entry["limit_gb"], "current_usage_gb": entry["current_usage_gb"]}
+        return web.json_response({"users": users})
 
     app = _application()
     app.router.add_get("/healthcheck", _healthy)
@@ -411,12 +429,6 @@ def lmcache_app(server: SimServer) -> web.Application:
     app.router.add_get("/quota/{salt}", get_quota)
     app.router.add_put("/quota/{salt}", put_quota)
     app.router.add_delete("/quota/{salt}", delete_quota)
-    return app
-
-
-def lmcache_metrics_app(server: SimServer) -> web.Application:
-    """The LMCache MP server's Prometheus endpoint."""
-    app = _application()
     app.router.add_get("/metrics", _metrics_handler(server.mp_registry))
     return app
 
@@ -457,12 +469,11 @@ async def start_sim(
     *,
     port: int | None = None,
     lmcache_http_port: int | None = None,
-    lmcache_prometheus_port: int | None = None,
     load: TraceLoad | None = None,
 ) -> RunningSim:
     """Serve the faces whose ports are given on ``host`` and replay ``load`` in the background."""
     runners: list[web.AppRunner] = []
-    faces = ((vllm_app, port), (lmcache_app, lmcache_http_port), (lmcache_metrics_app, lmcache_prometheus_port))
+    faces = ((vllm_app, port), (lmcache_app, lmcache_http_port))
     try:
         for make_app, face_port in faces:
             if face_port is not None:

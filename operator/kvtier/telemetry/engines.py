@@ -9,8 +9,10 @@ The pages are :class:`~kvtier.telemetry.exposition.Page` objects (``None``: not 
 - a counter is read as ``<name>_total`` (prometheus_client, OpenTelemetry) or bare ``<name>``;
 - vLLM's old and new names: ``vllm:kv_cache_usage_perc`` / ``vllm:gpu_cache_usage_perc``,
   ``vllm:prefix_cache_*`` / ``vllm:gpu_prefix_cache_*``;
-- LMCache MP counters (``lmcache_mp_lookup_*``) and the in-process ``lmcache:`` names, on the
-  LMCache page or on the vLLM page (the in-process connector serves them from vLLM's process).
+- LMCache MP instruments as its OpenTelemetry exporter spells them, unit included
+  (``lmcache_mp_lookup_hit_tokens_total``, ``lmcache_mp_l1_memory_usage_bytes``), and the
+  in-process ``lmcache:`` names, on the LMCache page or on the vLLM page (the in-process connector
+  serves them from vLLM's process).
 
 A series split over label sets (``engine``, ``cache_salt``, ``worker_id``...) is summed; the
 HBM watermark, a ratio, is averaged over the engines. A series that is not served, or holds a
@@ -42,13 +44,15 @@ EXTERNAL_QUERIES = ("vllm:external_prefix_cache_queries",)
 EXTERNAL_HITS = ("vllm:external_prefix_cache_hits",)
 PREEMPTIONS = ("vllm:num_preemptions",)
 TTFT = ("vllm:time_to_first_token_seconds",)
-LMCACHE_REQUESTED = ("lmcache_mp_lookup_requested", "lmcache:num_requested_tokens")
-LMCACHE_HIT = ("lmcache_mp_lookup_hit", "lmcache:num_hit_tokens")
-LMCACHE_HIT_L1 = ("lmcache_mp_lookup_hit_l1",)
-LMCACHE_HIT_L2 = ("lmcache_mp_lookup_hit_l2",)
-CPU_USED = ("lmcache:local_cache_usage",)
-STORAGE_USED = ("lmcache:local_storage_usage",)
-LMCACHE_LOOKUPS = ("lmcache_mp_lookups", "lmcache:num_lookup_requests")
+# LMCache MP: OpenTelemetry instruments on a Prometheus page, so the unit is part of the name
+# (``lmcache_mp.lookup_requested`` in tokens -> ``lmcache_mp_lookup_requested_tokens_total``).
+LMCACHE_REQUESTED = ("lmcache_mp_lookup_requested_tokens", "lmcache:num_requested_tokens")
+LMCACHE_HIT = ("lmcache_mp_lookup_hit_tokens", "lmcache:num_hit_tokens")
+LMCACHE_HIT_L1 = ("lmcache_mp_lookup_hit_l1_tokens",)
+LMCACHE_HIT_L2 = ("lmcache_mp_lookup_hit_l2_tokens",)
+CPU_USED = ("lmcache_mp_l1_memory_usage_bytes", "lmcache:local_cache_usage")
+STORAGE_USED = ("lmcache_mp_l2_usage_bytes", "lmcache:local_storage_usage")
+LMCACHE_LOOKUPS = ("lmcache_mp_lookups_requests", "lmcache:num_lookup_requests")
 PROBE_LAST_LOOKUP = ("kvtier_probe_last_lookup_timestamp_seconds",)
 PROBE_LOOKUPS = ("kvtier_probe_lookups",)
 PROBE_DECAY_TICKS = ("kvtier_probe_decay_ticks",)
@@ -251,13 +255,18 @@ class _Reader:
 def quota_usage(quota: Any) -> tuple[float | None, float | None]:
     """``(quota bytes, used bytes)`` summed over the salts of a quota API answer; Nones if unreadable.
 
-    Takes ``GET /quota`` (``{"quotas": [entry, ...]}``) or one ``GET /quota/{salt}`` entry
+    Takes ``GET /quota`` as LMCache 0.5.6 answers it (``{"users": {salt: {"limit_gb",
+    "current_usage_gb"}}}``, one entry per salt with a quota) or one ``GET /quota/{salt}`` entry
     (``{"limit_gb", "current_usage_gb", "exists"}``); a salt without a quota (``exists`` false)
     adds its usage but no limit.
     """
-    entries = quota.get("quotas") if isinstance(quota, Mapping) and "quotas" in quota else [quota]
-    if not isinstance(entries, list) or not entries:
-        return None, None
+    if isinstance(quota, Mapping) and "users" in quota:
+        users = quota["users"]
+        if not isinstance(users, Mapping) or not users:
+            return None, None
+        entries = list(users.values())
+    else:
+        entries = [quota]
     limit = used = 0.0
     limits = False
     for entry in entries:

@@ -8,7 +8,7 @@ stream and listing again only when the server says the version is gone (410). A 
 reads :meth:`TargetIndex.by_deployment` and never calls the API.
 
 A target's endpoints are the ``/metrics`` pages of its ``vllm`` container (port ``http``), its
-``lmcache`` container (port ``lmcache-metrics``) and its ``kvtier-probe`` sidecar (port
+``lmcache`` container (port ``lmcache-api``: LMCache 0.5.6 serves ``/metrics`` on its HTTP port) and its ``kvtier-probe`` sidecar (port
 ``probe-metrics``), and the LMCache MP quota API (``GET /quota`` on port ``lmcache-api``: storage
 quota and usage), each present only if the pod declares the port.
 """
@@ -26,14 +26,14 @@ import aiohttp
 
 from kvtier.kube import PODS, APIError, KubeClient
 from kvtier.render.meta import DEPLOYMENT_LABEL
-from kvtier.render.pod import HTTP_PORT, LMCACHE_API_PORT, LMCACHE_METRICS_PORT, PROBE_METRICS_PORT
+from kvtier.render.pod import HTTP_PORT, LMCACHE_API_PORT, PROBE_METRICS_PORT
 
 log = logging.getLogger(__name__)
 
 #: Endpoint kind -> (container name, port name, path) in a rendered replica.
 ENDPOINTS: dict[str, tuple[str, str, str]] = {
     "vllm": ("vllm", HTTP_PORT, "/metrics"),
-    "lmcache": ("lmcache", LMCACHE_METRICS_PORT, "/metrics"),
+    "lmcache": ("lmcache", LMCACHE_API_PORT, "/metrics"),
     "probe": ("kvtier-probe", PROBE_METRICS_PORT, "/metrics"),
     "quota": ("lmcache", LMCACHE_API_PORT, "/quota"),
 }

@@ -75,7 +75,9 @@ def _stub_app(container: dict[str, Any]) -> web.Application:
         return web.json_response(quota_entry(request.match_info["salt"]))
 
     async def list_quotas(_: web.Request) -> web.Response:
-        return web.json_response({"quotas": [quota_entry(salt) for salt in sorted(quotas)]})
+        # LMCache 0.5.6's shape: an object keyed by salt.
+        return web.json_response({"users": {salt: {"limit_gb": limit, "current_usage_gb": 0.0}
+                                            for salt, limit in sorted(quotas.items())}})
 
     app = web.Application()
     app.router.add_get("/health", health)
