@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from kvtier.api.common import GROUP, VERSION
+from kvtier.api.common import API_VERSION, GROUP, VERSION
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool
 
@@ -76,9 +76,9 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     schema = _resolve(raw, raw.pop("$defs", {}))
     properties = schema["properties"]
-    properties["apiVersion"] = {"type": "string", "description": "kvtier.io/v1alpha1"}
-    properties["kind"] = {"type": "string"}
-    properties["metadata"] = {"type": "object"}
+    properties["apiVersion"] = {"type": "string", "description": API_VERSION}
+    properties["kind"] = {"type": "string", "description": model.KIND}  # type: ignore[attr-defined]
+    properties["metadata"] = {"type": "object", "description": "Standard object metadata: name, labels, annotations."}
     schema["required"] = ["spec"]
     return schema
 
