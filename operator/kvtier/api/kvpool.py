@@ -71,7 +71,7 @@ class NVMeoFStorage(KubeModel):
     """Static inventory on an NVMe-over-Fabrics array, attached through a CSI node driver."""
 
     driver: str = Field(default="csi.nvmf.com", min_length=1, max_length=63)
-    """CSI driver name; `csi.nvmf.com` (kubernetes-csi/csi-driver-nvmf) connects one path without auth."""
+    """CSI driver name (default `csi.nvmf.com`: kubernetes-csi/csi-driver-nvmf, which connects one path, no auth)."""
     transport: Literal["tcp", "rdma"] = "tcp"
     """NVMe-oF transport the hosts connect with: `tcp` (default) or `rdma`."""
     targets: list[NVMeoFTarget] = Field(min_length=1, max_length=16)
