@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 
 from kvtier.api.kvpool import KVPool, KVPoolStatus
-from kvtier.api.units import format_quantity
+from kvtier.api.units import counted, format_quantity
 from kvtier.controllers.conditions import set_condition
 from kvtier.controllers.events import post_transitions
 from kvtier.controllers.reclaim import reclaim_volumes
@@ -92,12 +92,25 @@ def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None,
         conditions = set_condition(conditions, "Degraded", "True", "StorageLimitations", "; ".join(problems), generation)
     else:
         conditions = set_condition(conditions, "Degraded", "False", "AsExpected", "", generation)
-    waiting = f", {len(status.waiting)} waiting" if status.waiting else ""
+    return set_condition(conditions, "Ready", "True", "Available", holdings(pool, status), generation)
+
+
+def holdings(pool: KVPool, status: KVPoolStatus) -> str:
+    """Who holds how much of the pool, in words: `3 deployments hold 96Gi of 96Gi; 1 waits for capacity`."""
+    capacity = format_quantity(pool.spec.capacity)
+    holders = len(status.allocations)
+    if holders:
+        verb = "holds" if holders == 1 else "hold"
+        parts = [f"{counted(holders, 'deployment')} {verb} {format_quantity(allocated(status))} of {capacity}"]
+    else:
+        parts = [f"no deployment holds any of its {capacity} yet"]
+    if status.waiting:
+        verb = "waits" if len(status.waiting) == 1 else "wait"
+        parts.append(f"{counted(len(status.waiting), 'deployment')} {verb} for capacity")
     if status.reclaiming:
-        verb = "being wiped" if pool.spec.volume_reclaim == "Wipe" else "retained until their PersistentVolume is deleted"
-        waiting += f", {len(status.reclaiming)} namespace(s) {verb}"
-    return set_condition(conditions, "Ready", "True", "Available",
-                         f"{len(status.allocations)} deployment(s) hold {format_quantity(used)}{waiting}", generation)
+        state = "being wiped" if pool.spec.volume_reclaim == "Wipe" else "retained until their PersistentVolume is deleted"
+        parts.append(f"{counted(len(status.reclaiming), 'released NVMe-oF namespace')} {state}")
+    return "; ".join(parts)
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
@@ -170,9 +183,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                 return
         users = [f"{a.namespace}/{a.name}" for a in status.allocations] + [f"{w.namespace}/{w.name}" for w in status.waiting]
         if users:
-            message = f"deletion waits for {len(users)} InferenceDeployment(s) using the pool: {', '.join(users[:5])}"
+            message = (f"deletion waits for {counted(len(users), 'InferenceDeployment')} using the pool: "
+                       f"{', '.join(users[:5])}{' ...' if len(users) > 5 else ''}")
         elif status.reclaiming:
-            message = "; ".join([f"deletion waits for {len(status.reclaiming)} released NVMe-oF namespace(s) to be "
+            message = "; ".join([f"deletion waits for {counted(len(status.reclaiming), 'released NVMe-oF namespace')} to be "
                                  f"reclaimed (spec.volumeReclaim; Retain keeps them until their PersistentVolumes "
                                  f"are deleted)", *reclaim.problems])
         else:

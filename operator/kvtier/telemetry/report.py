@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from kvtier.api.units import format_quantity
+from kvtier.api.units import counted, format_quantity
 from kvtier.telemetry.stats import Summary
 
 #: Digits kept in status numbers (the rest is noise, and would make every write "material").
@@ -88,7 +88,7 @@ def metrics_condition(summary: Summary | None, ready_replicas: int, failures: Se
         return "Unknown", "NotScrapedYet", "waiting for the first scrape"
     if summary.stale:
         return "False", "MetricsStale", summary.stale
-    return "True", "MetricsFresh", f"{summary.replicas} replica(s) reporting"
+    return "True", "MetricsFresh", f"{counted(summary.replicas, 'replica')} reporting"
 
 
 @dataclass(frozen=True)
