@@ -450,7 +450,7 @@ class StorageUsage(KubeModel):
 
 
 class DemandPoint(KubeModel):
-    capacity: float = Field(ge=0)
+    capacity: int = Field(ge=0)
     """Storage per replica, in the curve's unit (`bytes` or `chunks`)."""
     hit_ratio: float = Field(ge=0, le=1)
     """Share of the probe's lookups that an LRU cache of this capacity would hit."""
@@ -463,6 +463,19 @@ class DemandCurve(KubeModel):
     """Unit of each point's capacity: `bytes`, or `chunks` of kvCache.chunkSize tokens."""
     points: list[DemandPoint] = Field(default_factory=list, max_length=16)
     """Up to 16 points, by increasing capacity."""
+
+
+class KVShown(KubeModel):
+    """The window's headline numbers written for people (the numbers above, for machines, stay numbers)."""
+
+    hbm_watermark: str | None = None
+    """Mean GPU KV cache use, e.g. `92%`."""
+    hit_ratio: str | None = None
+    """Prompt tokens served from any cache tier, e.g. `78%`."""
+    storage_hit_ratio: str | None = None
+    """Prompt tokens served from the storage tier, e.g. `21%`."""
+    ttft_p50: str | None = None
+    """Median time to first token, e.g. `850ms` or `1.5s`."""
 
 
 class KVStatus(KubeModel):
@@ -480,9 +493,14 @@ class KVStatus(KubeModel):
     """99th-percentile time to first token over the window, in seconds."""
     preemptions_per_second: float | None = Field(default=None, ge=0)
     """Requests vLLM preempted per second (its GPU KV cache was full), over all replicas."""
+    prompt_tokens_per_second: float | None = Field(default=None, ge=0)
+    """Prompt tokens the replicas received per second, summed; x hitRatio.storage = tokens per second the
+    storage tier served (prefill the quota saved)."""
     demand: DemandCurve | None = None
     sampled_at: Timestamp | None = None
     """When the numbers were last written (they change only on a material change)."""
+    shown: KVShown | None = None
+    """The headline numbers with their units, as `kubectl get infd` shows them."""
 
 
 class InferenceDeploymentStatus(KubeModel):
