@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -128,7 +129,21 @@ def dev_up(kubeconfig: Path, port: int, nodes: int, gpus_per_node: int, memory: 
     declared = default_nodes(nodes, gpus=gpus_per_node, memory=memory, cpu=cpu)
     config = OperatorConfig(resync_seconds=resync_seconds, scrape_interval_seconds=2.0,
                             status_interval_seconds=2.0) if operator else None
-    asyncio.run(serve_until_signalled(declared, kubeconfig=kubeconfig, port=port, echo=click.echo, operator=config))
+    signum = asyncio.run(serve_until_signalled(declared, kubeconfig=kubeconfig, port=port, echo=click.echo,
+                                               operator=config, kubectl=_kubectl_command()))
+    sys.exit(128 + signum)  # as a shell reports a process the signal ended: 130 for Ctrl-C, 143 for SIGTERM
+
+
+def _kubectl_command() -> str:
+    """How to type kubectl here: `kubectl` when it is on PATH, else the one setup installed beside kvtier."""
+    import shutil
+
+    beside = Path(sys.executable).parent / "kubectl"
+    if shutil.which("kubectl") or not beside.exists():
+        return "kubectl"
+    with contextlib.suppress(ValueError):
+        return str(beside.relative_to(Path.cwd()))
+    return str(beside)
 
 
 @main.command()

@@ -2,6 +2,7 @@
 plot; a cluster that never becomes ready is an error that says so."""
 
 import json
+import signal
 import re
 import subprocess
 import sys
@@ -47,3 +48,22 @@ def test_demo_fails_clearly_when_the_replicas_are_never_ready(tmp_path):
     assert "error: the demo's replicas were not all Ready within 1s:" in result.output
     assert "chat" in result.output and f"logs: {tmp_path / 'operator.log'}" in result.output
     assert not (tmp_path / "summary.md").exists()
+
+
+def test_demo_exits_143_on_sigterm_and_130_on_ctrl_c(tmp_path):
+    for signum, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        out = tmp_path / str(code)
+        process = subprocess.Popen([sys.executable, "-m", "kvtier", "demo", "--no-live", "--out", str(out)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        try:
+            while not lines or "starting the embedded cluster" not in lines[-1]:  # its signal handlers are in place
+                lines.append(process.stdout.readline())
+                assert lines[-1], "".join(lines)
+        finally:
+            process.send_signal(signum)
+            rest, _ = process.communicate(timeout=60)
+        output = "".join(lines) + rest
+        assert process.returncode == code, output
+        assert "Traceback" not in output and "interrupted" in output, output
+        assert not (out / "kubeconfig").exists()

@@ -35,8 +35,10 @@ from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, KubeClient, R
 
 FIELD_MANAGER = "kvtier-demo"
 RESOURCES: dict[str, Resource] = {"Namespace": NAMESPACES, "KVPool": KVPOOLS, "InferenceDeployment": INFERENCEDEPLOYMENTS}
-#: Exit codes: done; the cluster never became ready; interrupted (128 + SIGINT, as shells report it).
-OK, NOT_READY, INTERRUPTED = 0, 1, 130
+#: Exit codes: done; the cluster never became ready; interrupted (128 + the signal, as shells report it:
+#: 130 for Ctrl-C, 143 for SIGTERM).
+OK, NOT_READY = 0, 1
+INTERRUPTED = 128 + signal.SIGINT
 
 
 @dataclass(frozen=True)
@@ -139,12 +141,18 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stop.wait(), timeout=seconds)
 
 
-def _install_signals(stop: asyncio.Event) -> Callable[[], None]:
+def _install_signals(stop: asyncio.Event, received: list[int]) -> Callable[[], None]:
+    """SIGINT and SIGTERM set `stop` and are noted in `received`."""
     loop = asyncio.get_running_loop()
     installed = []
+
+    def stop_on(signum: int) -> None:
+        received.append(signum)
+        stop.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(signum, stop.set)
+            loop.add_signal_handler(signum, stop_on, signum)
             installed.append(signum)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
             pass
@@ -193,7 +201,7 @@ async def _watch(kube: KubeClient, options: DemoOptions, screen: Screen, history
     return False
 
 
-async def _run(options: DemoOptions, screen: Screen, history: History, scratch: Path) -> bool:
+async def _run(options: DemoOptions, screen: Screen, history: History, scratch: Path, received: list[int]) -> bool:
     from kvtier.sim.pods import KvsimEngines
     from kvtier.testing.cluster import EmbeddedCluster, default_nodes
     from kvtier.testing.engines import stub_engine
@@ -204,7 +212,7 @@ async def _run(options: DemoOptions, screen: Screen, history: History, scratch: 
                               workload=options.workload)
     kubeconfig = options.out / "kubeconfig"
     stop = asyncio.Event()
-    remove_signals = _install_signals(stop)
+    remove_signals = _install_signals(stop, received)
     try:
         screen.say("starting the embedded cluster (API server, pod simulator with kvsim engines, kvtier operator)")
         cluster = EmbeddedCluster(default_nodes(options.nodes), kubeconfig=kubeconfig,
@@ -229,15 +237,16 @@ async def _run(options: DemoOptions, screen: Screen, history: History, scratch: 
 
 def run_demo(options: DemoOptions, *, console: Console | None = None,
              echo: Callable[[str], None] = click.echo) -> int:
-    """Run the demo; returns the exit code (0 done, 1 not ready, 130 interrupted)."""
+    """Run the demo; returns the exit code (0 done, 1 not ready, 130 after Ctrl-C, 143 after SIGTERM)."""
     options.out.mkdir(parents=True, exist_ok=True)
     screen = Screen(options, console or Console(), echo)
     history = History(speed=options.speed)
     scratch = Path(tempfile.mkdtemp(prefix="kvtier-demo-"))
+    received: list[int] = []
     log_path = options.out / "operator.log"
     try:
         with _log_to(log_path):
-            finished = asyncio.run(_run(options, screen, history, scratch))
+            finished = asyncio.run(_run(options, screen, history, scratch, received))
     except NotReady as error:
         screen.say(f"error: {error} (logs: {log_path})")
         return NOT_READY
@@ -245,7 +254,7 @@ def run_demo(options: DemoOptions, *, console: Console | None = None,
         shutil.rmtree(scratch, ignore_errors=True)
     if not history.samples:
         screen.say("interrupted before the deployments were Ready; nothing to summarise")
-        return INTERRUPTED
+        return 128 + received[0] if received else INTERRUPTED
     summary, plot, samples = options.out / "summary.md", options.out / "demo.png", options.out / "samples.json"
     write_plot(history, plot)
     summary.write_text(summary_markdown(history, plot=plot.name, interrupted=not finished))
@@ -255,4 +264,6 @@ def run_demo(options: DemoOptions, *, console: Console | None = None,
                f"{len(history.rebalances)} rebalance round{'s' if len(history.rebalances) != 1 else ''} recorded")
     for path in (summary, plot, samples, log_path):
         screen.say(f"wrote {path}")
-    return OK if finished else INTERRUPTED
+    if finished:
+        return OK
+    return 128 + received[0] if received else INTERRUPTED

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvtier.api.crd import build_crds
+from kvtier.api.units import counted
 from kvtier.controllers import OperatorConfig, run_operator
 from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, NAMESPACES, Connection, KubeClient
 from kvtier.testing.apiserver import APIServer
@@ -242,20 +243,32 @@ class ExternalCluster(_LoopThread):
 
 async def serve_until_signalled(
     nodes: list[NodeSpec], *, kubeconfig: Path, port: int = 0, echo: Callable[[str], None] = print,
-    operator: OperatorConfig | None = None,
-) -> None:
-    """`kvtier dev up`: run an embedded cluster (and the operator) until SIGINT or SIGTERM, saying how to use it."""
+    operator: OperatorConfig | None = None, kubectl: str = "kubectl",
+) -> int:
+    """`kvtier dev up`: run an embedded cluster (and the operator) until SIGINT or SIGTERM, saying how to use it;
+    returns the signal's number. The kubeconfig is removed on the way out (the server it names is gone)."""
     stop = asyncio.Event()
+    received: list[int] = []
+
+    def stop_on(signum: int) -> None:
+        received.append(signum)
+        stop.set()
+
     async with EmbeddedCluster(nodes, kubeconfig=kubeconfig, port=port, operator=operator) as cluster:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):  # after the operator's own handlers: ours stop everything
-            loop.add_signal_handler(signum, stop.set)
+            loop.add_signal_handler(signum, stop_on, signum)
         gpus = sum(node.gpus for node in nodes)
-        echo(f"kvtier embedded cluster: API server {cluster.server.url}, {len(nodes)} simulated nodes ({gpus} GPUs)")
+        echo(f"kvtier embedded cluster: API server {cluster.server.url}, {counted(len(nodes), 'simulated node')} "
+             f"({gpus} GPUs)")
         echo(f"  operator: {'running' if operator else 'not started'}")
         echo(f"  kubeconfig: {kubeconfig}")
-        echo(f"  try:  kubectl --kubeconfig {kubeconfig} apply -f manifests/examples/")
-        echo(f"        kubectl --kubeconfig {kubeconfig} get kvp,infd,pods")
+        echo(f"  try:  {kubectl} --kubeconfig {kubeconfig} apply -f manifests/examples/")
+        echo(f"        {kubectl} --kubeconfig {kubeconfig} get kvp,infd,pods")
         echo("  Ctrl-C stops the cluster")
-        await stop.wait()
-        echo("stopping")
+        try:
+            await stop.wait()
+            echo("stopping")
+        finally:
+            kubeconfig.unlink(missing_ok=True)
+    return received[0]
