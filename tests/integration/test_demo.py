@@ -27,7 +27,7 @@ def test_demo_runs_to_the_end_shows_quotas_moving_and_writes_summary_and_plot(tm
     assert "pool 96Gi/96Gi" in progress[-1]
     # Every deployment started at an equal share, and the pool's rebalancer moved some of it.
     assert "quota 32Gi" in progress[0] or "quota —" in progress[0]
-    assert any("Rebalanced: moved" in line for line in output.splitlines()), output
+    assert any("Rebalanced: KVPool demo-pool: moved" in line for line in output.splitlines()), output
     for name in ("summary.md", "demo.png", "samples.json", "operator.log"):
         assert f"wrote {out / name}" in output
     summary = (out / "summary.md").read_text()

@@ -27,9 +27,9 @@ from rich.live import Live
 
 from kvtier.controllers import OperatorConfig
 from kvtier.demo.manifests import DEPLOYMENTS, NAMESPACE, POOL, DemoManifests
-from kvtier.demo.observe import Snapshot, observe
+from kvtier.demo.observe import Snapshot, epoch_seconds, observe
 from kvtier.demo.report import History, summary_markdown, write_plot, write_samples
-from kvtier.demo.view import Clock, plain_line, render, replicas
+from kvtier.demo.view import Clock, clock_text, plain_line, render, replicas
 from kvtier.demo.workload import PHASES, Workload
 from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, KubeClient, Resource
 
@@ -113,11 +113,14 @@ class Screen:
         if self.live is not None:
             self.live.update(render(snapshot, clock), refresh=True)
             return
+        origin = time.time() - clock.elapsed if clock.stage == "running" else None
         for event in snapshot.events:
             key = (event.time, event.name, event.reason, event.message)
             if event.is_rebalance and key not in self._seen_events:
                 self._seen_events.add(key)
-                self.echo(f"  event {event.time} {event.kind}/{event.name} {event.reason}: {event.message}")
+                epoch = epoch_seconds(event.time)
+                when = clock_text(epoch - origin) if epoch is not None and origin is not None else event.time
+                self.echo(f"  [{when:>6}] {event.reason}: {event.message}")
         now = time.monotonic()
         if (clock.stage != self._stage or self._printed_at is None
                 or now - self._printed_at >= self.options.plain_every):
@@ -191,7 +194,7 @@ async def _watch(kube: KubeClient, options: DemoOptions, screen: Screen, history
         else:
             elapsed = now - running_since
             busy = busy_deployment(now - (load_since or running_since), options)
-            history.add(round(elapsed, 2), snapshot, busy)
+            history.add(round(elapsed, 2), snapshot, busy, at=time.time())
             clock = Clock("running", elapsed, options.duration, options.speed, busy=busy, hint=hint)
             if elapsed >= options.duration:
                 screen.show(snapshot, clock)
@@ -257,7 +260,8 @@ def run_demo(options: DemoOptions, *, console: Console | None = None,
         return 128 + received[0] if received else INTERRUPTED
     summary, plot, samples = options.out / "summary.md", options.out / "demo.png", options.out / "samples.json"
     write_plot(history, plot)
-    summary.write_text(summary_markdown(history, plot=plot.name, interrupted=not finished))
+    summary.write_text(summary_markdown(history, plot=plot.name, interrupted=not finished,
+                                        window=options.telemetry_window))
     write_samples(history, samples)
     moved = len(history.quota_changes())
     screen.say(f"{'interrupted' if not finished else 'done'}: {moved} quota change{'s' if moved != 1 else ''}, "

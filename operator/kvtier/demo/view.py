@@ -89,10 +89,9 @@ def rebalance_line(pool: PoolView | None) -> str:
     last = pool.last_rebalance if pool is not None else None
     if last is None:
         return f"last rebalance: {MISSING}"
-    gain = MISSING if last.predicted_gain is None else f"{last.predicted_gain:+.1%}"
     moves = ", ".join(f"{m.name} {size(m.from_quota)}→{size(m.to_quota)}" for m in last.moves) or "no moves"
     dry = " (dry run)" if last.dry_run else ""
-    return f"last rebalance {last.time}{dry}: moved {size(last.moved_bytes)}, predicted gain {gain}: {moves} ({last.reason})"
+    return f"last rebalance {last.time[11:19] or MISSING}{dry}: moved {size(last.moved_bytes)}: {moves} ({last.reason})"
 
 
 def deployment_table(snapshot: Snapshot) -> Table:
