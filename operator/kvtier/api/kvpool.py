@@ -328,7 +328,7 @@ class KVPoolStatus(KubeModel):
     deployments: int | None = None
     """Number of InferenceDeployments holding a share of the pool."""
     conditions: list[Condition] = Field(default_factory=list)
-    """Ready and Degraded, each with a reason and a message."""
+    """Ready, OverCommitted and Degraded, each with a reason and a message."""
     last_rebalance: RebalanceRecord | None = None
     allocations: list[Allocation] = Field(default_factory=list)
     """The ledger: every deployment's share. The sum of `quota` x `replicas` never exceeds `capacity`."""

@@ -31,7 +31,7 @@ from kvtier.demo.observe import Snapshot, epoch_seconds, observe
 from kvtier.demo.report import History, summary_markdown, write_plot, write_samples
 from kvtier.demo.view import Clock, clock_text, plain_line, render, replicas
 from kvtier.demo.workload import PHASES, Workload
-from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, KubeClient, Resource
+from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, PODS, KubeClient, Resource
 
 FIELD_MANAGER = "kvtier-demo"
 RESOURCES: dict[str, Resource] = {"Namespace": NAMESPACES, "KVPool": KVPOOLS, "InferenceDeployment": INFERENCEDEPLOYMENTS}
@@ -167,6 +167,17 @@ def _install_signals(stop: asyncio.Event, received: list[int]) -> Callable[[], N
     return remove
 
 
+async def _replay_started(kube: KubeClient) -> float | None:
+    """When the first vLLM container of the demo started (its engine's trace replay with it), from the pods."""
+    pods = await kube.list(PODS, NAMESPACE)
+    starts = [epoch_seconds(started)
+              for pod in pods.get("items", []) for container in (pod.get("status") or {}).get("containerStatuses") or []
+              if container.get("name") == "vllm"
+              and isinstance(started := ((container.get("state") or {}).get("running") or {}).get("startedAt"), str)]
+    known = [start for start in starts if start is not None]
+    return min(known) if known else None
+
+
 async def _watch(kube: KubeClient, options: DemoOptions, screen: Screen, history: History,
                  stop: asyncio.Event, hint: str) -> bool:
     """Wait for Ready, then watch for `duration`; True if it ran to the end, False if interrupted."""
@@ -182,6 +193,9 @@ async def _watch(kube: KubeClient, options: DemoOptions, screen: Screen, history
         if running_since is None:
             if snapshot.all_ready and len(snapshot.deployments) == len(DEPLOYMENTS):
                 running_since = now
+                replay_started = await _replay_started(kube)
+                if replay_started is not None:  # the engines replay from their start, before Ready is seen
+                    load_since = now - max(0.0, time.time() - replay_started)
                 screen.say(f"all {len(DEPLOYMENTS)} deployments Ready after {now - started:.1f}s; "
                            f"watching for {options.duration:g}s")
             elif now - started > options.ready_timeout:
