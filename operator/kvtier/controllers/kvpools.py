@@ -108,7 +108,9 @@ def holdings(pool: KVPool, status: KVPoolStatus) -> str:
         verb = "waits" if len(status.waiting) == 1 else "wait"
         parts.append(f"{counted(len(status.waiting), 'deployment')} {verb} for capacity")
     if status.reclaiming:
-        state = "being wiped" if pool.spec.volume_reclaim == "Wipe" else "retained until their PersistentVolume is deleted"
+        one = len(status.reclaiming) == 1
+        state = "being wiped" if pool.spec.volume_reclaim == "Wipe" else (
+            "retained until its PersistentVolume is deleted" if one else "retained until their PersistentVolumes are deleted")
         parts.append(f"{counted(len(status.reclaiming), 'released NVMe-oF namespace')} {state}")
     return "; ".join(parts)
 
