@@ -117,10 +117,12 @@ def test_the_view_shows_every_reported_field():
     state = snapshot(POOL, [FULL, PARTIAL, BARE], EVENTS)
     chat = state.deployments[0]
     assert chat.quota == 56 << 30 and chat.applied_quota == 32 << 30  # the ledger wins over the applied quota
-    text = screen(render(state, Clock("running", 12, 60, 10, busy="chat", hint="Ctrl-C stops")))
+    ready_at = datetime(2026, 12, 3, 10, 0, 0, tzinfo=timezone.utc).timestamp()
+    text = screen(render(state, Clock("running", 12, 60, 10, busy="chat", hint="Ctrl-C stops", origin=ready_at)))
     for expected in ("1/1", "83.0%", "27.0%", "12.0%", "21.5%", "60.5%", "420ms", "56Gi", "8Gi–64Gi", "30Gi",
                      "capacity 96Gi, allocated 96Gi, available 0", "MarginalGain every 5s",
-                     "10:00:05: moved 24Gi: chat 32Gi→56Gi, code 32Gi→20Gi (chat's curve is steepest)",
+                     "last rebalance at 5s: moved 24Gi: chat 32Gi→56Gi, code 32Gi→20Gi (chat's curve is steepest)",
+                     "1s InferenceDeployment/chat AllReplicasReady",
                      "12s / 1m", "simulated 2m (10x)", "busy now: chat", "Rebalanced", "Ctrl-C stops"):
         assert expected in text, expected
     assert "Started" not in text  # only Events about kvtier's objects

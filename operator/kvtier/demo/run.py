@@ -29,7 +29,7 @@ from kvtier.controllers import OperatorConfig
 from kvtier.demo.manifests import DEPLOYMENTS, NAMESPACE, POOL, DemoManifests
 from kvtier.demo.observe import Snapshot, epoch_seconds, observe
 from kvtier.demo.report import History, summary_markdown, write_plot, write_samples
-from kvtier.demo.view import Clock, clock_text, plain_line, render, replicas
+from kvtier.demo.view import Clock, plain_line, render, replicas
 from kvtier.demo.workload import PHASES, Workload
 from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, PODS, KubeClient, Resource
 
@@ -113,14 +113,11 @@ class Screen:
         if self.live is not None:
             self.live.update(render(snapshot, clock), refresh=True)
             return
-        origin = time.time() - clock.elapsed if clock.stage == "running" else None
         for event in snapshot.events:
             key = (event.time, event.name, event.reason, event.message)
             if event.is_rebalance and key not in self._seen_events:
                 self._seen_events.add(key)
-                epoch = epoch_seconds(event.time)
-                when = clock_text(epoch - origin) if epoch is not None and origin is not None else event.time
-                self.echo(f"  [{when:>6}] {event.reason}: {event.message}")
+                self.echo(f"  [{clock.at(event.time):>6}] {event.reason}: {event.message}")
         now = time.monotonic()
         if (clock.stage != self._stage or self._printed_at is None
                 or now - self._printed_at >= self.options.plain_every):
@@ -204,12 +201,14 @@ async def _watch(kube: KubeClient, options: DemoOptions, screen: Screen, history
                 raise NotReady(f"the demo's replicas were not all Ready within {options.ready_timeout:g}s: "
                                f"{states}")
         if running_since is None:
-            clock = Clock("starting", now - started, options.duration, options.speed, hint=hint)
+            clock = Clock("starting", now - started, options.duration, options.speed, hint=hint,
+                          origin=time.time() - (now - started))
         else:
             elapsed = now - running_since
             busy = busy_deployment(now - (load_since or running_since), options)
             history.add(round(elapsed, 2), snapshot, busy, at=time.time())
-            clock = Clock("running", elapsed, options.duration, options.speed, busy=busy, hint=hint)
+            clock = Clock("running", elapsed, options.duration, options.speed, busy=busy, hint=hint,
+                          origin=time.time() - elapsed)
             if elapsed >= options.duration:
                 screen.show(snapshot, clock)
                 return True
