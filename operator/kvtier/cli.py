@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -143,10 +144,24 @@ def dev_up(kubeconfig: Path, port: int, nodes: int, gpus_per_node: int, memory: 
             cluster = ControlPlaneCluster(declared, kubeconfig=kubeconfig, operator=config)
         except ControlPlaneUnavailable as error:
             raise click.ClickException(str(error)) from error
-        asyncio.run(serve_until_signalled(cluster, echo=click.echo, kind="real control plane"))
-        return
-    cluster = EmbeddedCluster(declared, kubeconfig=kubeconfig, port=port, operator=config)
-    asyncio.run(serve_until_signalled(cluster, echo=click.echo))
+        kind = "real control plane"
+    else:
+        cluster = EmbeddedCluster(declared, kubeconfig=kubeconfig, port=port, operator=config)
+        kind = "embedded cluster"
+    signum = asyncio.run(serve_until_signalled(cluster, echo=click.echo, kind=kind, kubectl=_kubectl_command()))
+    sys.exit(128 + signum)  # as a shell reports a process the signal ended: 130 for Ctrl-C, 143 for SIGTERM
+
+
+def _kubectl_command() -> str:
+    """How to type kubectl here: `kubectl` when it is on PATH, else the one setup installed beside kvtier."""
+    import shutil
+
+    beside = Path(sys.executable).parent / "kubectl"
+    if shutil.which("kubectl") or not beside.exists():
+        return "kubectl"
+    with contextlib.suppress(ValueError):
+        return str(beside.relative_to(Path.cwd()))
+    return str(beside)
 
 
 @main.command()

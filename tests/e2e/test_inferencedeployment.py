@@ -76,6 +76,17 @@ def test_examples_yield_ready_pods_on_their_array_volumes(cluster, examples):
     assert "True" in kubectl(cluster, "get", "kvp", "fx100-a").stdout
 
 
+def test_a_normal_start_says_so_in_words_without_a_warning(cluster, examples):
+    wait_for(lambda: condition(get(cluster, INFERENCEDEPLOYMENTS, "default", "coder-480b"), "Ready").get("status")
+             == "True", timeout=60, message="Ready=True")
+    posted = events(cluster, "default", "coder-480b") + events(cluster, "default", "fx100-a")
+    assert [(e["reason"], e["message"]) for e in posted if e["type"] == "Warning"] == []
+    messages = {e["reason"]: e["message"] for e in posted}
+    assert messages["AllReplicasReady"] == "InferenceDeployment default/coder-480b: 2/2 replicas ready"
+    assert messages["Available"].startswith("KVPool fx100-a: ")
+    assert "(s)" not in " ".join(messages.values())
+
+
 def test_editing_the_spec_rolls_the_pods(cluster, examples):
     wait_for(lambda: len(ready_pods(cluster, "default", SELECTOR)) == 2, timeout=60)
     before = {p["metadata"]["uid"] for p in items(cluster, PODS, "default", SELECTOR)}

@@ -93,7 +93,7 @@ def test_quotas_move_toward_the_busy_deployment_and_each_move_is_explained(clust
     record = get(cluster, KVPOOLS, None, pool)["status"]["lastRebalance"]
     assert record["moves"] and record["predictedGain"] > 0 and parse_quantity(record["movedBytes"]) > 0
     pool_events = [e for e in events(cluster, "default", pool) if e["reason"] == "Rebalanced"]
-    assert pool_events and all("predicted gain" in e["message"] and "->" in e["message"] for e in pool_events)
+    assert pool_events and all("tokens/s" in e["message"] and "->" in e["message"] for e in pool_events)
     code_events = [e for e in events(cluster, namespace, "code") if e["reason"] == "StorageQuotaChanged"]
     assert code_events and f"KVPool {pool} moved" in code_events[-1]["message"]
 

@@ -204,7 +204,7 @@ def test_a_retained_namespace_stays_released_until_an_admin_deletes_its_volume(c
     second = wait_for(lambda: condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "second"), "StorageBound"),
                       message="the second deployment's StorageBound condition")
     assert second["status"] == "False" and "0 free NVMe-oF namespace" in second["message"]
-    wait_for(lambda: "1 namespace(s) retained until their PersistentVolume is deleted"
+    wait_for(lambda: "1 released NVMe-oF namespace retained until its PersistentVolume is deleted"
              in condition(get(cluster, KVPOOLS, None, pool), "Ready")["message"], message="the pool to say so")
     kubectl(cluster, "delete", "pv", volume_name(pool))
     wait_for(lambda: condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "second"), "StorageBound")

@@ -2,6 +2,7 @@
 plot; a cluster that never becomes ready is an error that says so."""
 
 import json
+import signal
 import re
 import subprocess
 import sys
@@ -26,7 +27,7 @@ def test_demo_runs_to_the_end_shows_quotas_moving_and_writes_summary_and_plot(tm
     assert "pool 96Gi/96Gi" in progress[-1]
     # Every deployment started at an equal share, and the pool's rebalancer moved some of it.
     assert "quota 32Gi" in progress[0] or "quota —" in progress[0]
-    assert any("Rebalanced: moved" in line for line in output.splitlines()), output
+    assert any("Rebalanced: KVPool demo-pool: moved" in line for line in output.splitlines()), output
     for name in ("summary.md", "demo.png", "samples.json", "operator.log"):
         assert f"wrote {out / name}" in output
     summary = (out / "summary.md").read_text()
@@ -47,3 +48,22 @@ def test_demo_fails_clearly_when_the_replicas_are_never_ready(tmp_path):
     assert "error: the demo's replicas were not all Ready within 1s:" in result.output
     assert "chat" in result.output and f"logs: {tmp_path / 'operator.log'}" in result.output
     assert not (tmp_path / "summary.md").exists()
+
+
+def test_demo_exits_143_on_sigterm_and_130_on_ctrl_c(tmp_path):
+    for signum, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        out = tmp_path / str(code)
+        process = subprocess.Popen([sys.executable, "-m", "kvtier", "demo", "--no-live", "--out", str(out)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        try:
+            while not lines or "starting the embedded cluster" not in lines[-1]:  # its signal handlers are in place
+                lines.append(process.stdout.readline())
+                assert lines[-1], "".join(lines)
+        finally:
+            process.send_signal(signum)
+            rest, _ = process.communicate(timeout=60)
+        output = "".join(lines) + rest
+        assert process.returncode == code, output
+        assert "Traceback" not in output and "interrupted" in output, output
+        assert not (out / "kubeconfig").exists()

@@ -2,6 +2,8 @@
 embedded API emulator (the default) and on the real control plane (`--control-plane real`)."""
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +14,9 @@ import pytest
 from tests.conftest import EXAMPLES, grounds, wait_for
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
+#: What `dev up` tells the user to type: kubectl from PATH, else the one beside the interpreter.
+KUBECTL_SHOWN = "kubectl" if shutil.which("kubectl") else os.path.relpath(KUBECTL) if KUBECTL.is_relative_to(
+    Path.cwd()) else str(KUBECTL)
 
 
 @pytest.mark.parametrize("control_plane", ["embedded", "real"])
@@ -51,6 +56,29 @@ def test_dev_up_serves_kubectl_runs_the_operator_and_stops_on_ctrl_c(tmp_path, c
     finally:
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=60)
-    assert process.returncode == 0, output
+    assert process.returncode == 130, output  # 128 + SIGINT, as a shell reports Ctrl-C
     assert "operator: running" in output and output.rstrip().endswith("stopping"), output
     assert "Traceback" not in output, output
+    assert "OS signals are ignored" not in output, output  # kopf's note for its thread: the CLI handles signals
+    assert f"{KUBECTL_SHOWN} --kubeconfig {kubeconfig} apply -f manifests/examples/" in output, output
+    assert not kubeconfig.exists(), "the kubeconfig of a stopped cluster is left behind"
+
+
+def test_dev_up_exits_143_on_sigterm_and_removes_its_kubeconfig(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kvtier", "dev", "up", "--kubeconfig", str(kubeconfig), "--nodes", "1", "--no-operator"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines = []
+    try:
+        while not lines or "Ctrl-C stops the cluster" not in lines[-1]:  # up, with its signal handlers
+            lines.append(process.stdout.readline())
+            assert lines[-1], "".join(lines)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=60)
+    output = "".join(lines) + rest
+    assert process.returncode == 143, output  # 128 + SIGTERM
+    assert "1 simulated node (8 GPUs)" in output and output.rstrip().endswith("stopping"), output
+    assert not kubeconfig.exists()

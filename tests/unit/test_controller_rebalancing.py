@@ -62,8 +62,12 @@ def test_a_quota_is_never_set_below_min_nor_above_the_volume():
 
 
 def test_the_reason_speaks_the_specs_terms():
-    decision = Decision("moved", {}, {}, (), 0.125, 1.0, 1.125, frozen=("ns/idle",))
+    decision = Decision("moved", {}, {}, (), 0.125, 1000.0, 1125.0, frozen=("ns/idle",))
     reason = _reason(decision, LoopSettings(min_gain=0.05))
-    assert reason == "predicted gain +12.5% >= minGain 0.05; kept as they are (no fresh metrics): ns/idle"
+    assert reason == ("predicted storage-tier hits 1,000 -> 1,125 tokens/s (+12.5%, minGain 5%); "
+                      "kept as they are (no fresh metrics): ns/idle")
+    held_back = Decision("moved", {}, {}, (), 1.0, 20.0, 30.5)  # maxStep: half way to the target this round
+    assert _reason(held_back, LoopSettings(min_gain=0.01)) == (
+        "predicted storage-tier hits 20 -> 30.5 tokens/s this step, 40 tokens/s at the target (+100.0%, minGain 1%)")
     assert _reason(Decision("static", {}, {}, (), 0.0, 0.0, 0.0), LoopSettings(policy="Static")).startswith(
         "policy Static")

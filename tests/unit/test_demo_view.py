@@ -1,6 +1,8 @@
 """`kvtier demo` without a cluster: its manifests validate, its load takes turns, and its view and
 summary render what the operator reports (every field, and none)."""
 
+from datetime import datetime, timezone
+
 from click.testing import CliRunner
 from rich.console import Console
 
@@ -49,7 +51,8 @@ FULL = deployment("chat", {
     "replicas": 1, "readyReplicas": 1,
     "conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady", "message": "1/1"}],
     "kv": {"hbmWatermark": 0.83, "hitRatio": {"hbm": 0.27, "cpu": 0.12, "storage": 0.215, "total": 0.605},
-           "storage": {"quota": "32Gi", "used": "30Gi"}, "ttftP50Seconds": 0.42, "sampledAt": "2026-12-03T10:00:04Z"},
+           "storage": {"quota": "32Gi", "used": "30Gi"}, "ttftP50Seconds": 0.42, "sampledAt": "2026-12-03T10:00:04Z",
+           "promptTokensPerSecond": 20000},
 })
 PARTIAL = deployment("code", {"replicas": 1, "readyReplicas": 0, "kv": {"storage": {"quota": "32Gi"}}})
 BARE = deployment("rag")
@@ -114,10 +117,12 @@ def test_the_view_shows_every_reported_field():
     state = snapshot(POOL, [FULL, PARTIAL, BARE], EVENTS)
     chat = state.deployments[0]
     assert chat.quota == 56 << 30 and chat.applied_quota == 32 << 30  # the ledger wins over the applied quota
-    text = screen(render(state, Clock("running", 12, 60, 10, busy="chat", hint="Ctrl-C stops")))
+    ready_at = datetime(2026, 12, 3, 10, 0, 0, tzinfo=timezone.utc).timestamp()
+    text = screen(render(state, Clock("running", 12, 60, 10, busy="chat", hint="Ctrl-C stops", origin=ready_at)))
     for expected in ("1/1", "83.0%", "27.0%", "12.0%", "21.5%", "60.5%", "420ms", "56Gi", "8Gi–64Gi", "30Gi",
                      "capacity 96Gi, allocated 96Gi, available 0", "MarginalGain every 5s",
-                     "moved 24Gi, predicted gain +12.5%: chat 32Gi→56Gi, code 32Gi→20Gi",
+                     "last rebalance at 5s: moved 24Gi: chat 32Gi→56Gi, code 32Gi→20Gi (chat's curve is steepest)",
+                     "1s InferenceDeployment/chat AllReplicasReady",
                      "12s / 1m", "simulated 2m (10x)", "busy now: chat", "Rebalanced", "Ctrl-C stops"):
         assert expected in text, expected
     assert "Started" not in text  # only Events about kvtier's objects
@@ -145,10 +150,17 @@ def test_the_summary_reports_quota_moves_and_hit_ratios():
         deployment("code", {"kv": {"storage": {"quota": "32Gi"}}}),
     ])
     history = History(speed=10)
-    history.add(0, before, busy="chat")
-    history.add(1, snapshot(POOL, [FULL, PARTIAL], EVENTS), busy="chat")
-    history.add(2, snapshot(POOL, [FULL, PARTIAL], EVENTS), busy="code")
-    text = summary_markdown(history)
+    ready_at = datetime(2026, 12, 3, 10, 0, 0, tzinfo=timezone.utc).timestamp()
+    history.add(0, before, busy="chat", at=ready_at)
+    history.add(1, snapshot(POOL, [FULL, PARTIAL], EVENTS), busy="chat", at=ready_at + 1)
+    history.add(6, snapshot(POOL, [FULL, PARTIAL], EVENTS), busy="chat", at=ready_at + 6)
+    history.add(7, snapshot(POOL, [FULL, PARTIAL], EVENTS), busy="code", at=ready_at + 7)
+    text = summary_markdown(history, window=20)
+    # One form of time (seconds since Ready), and what the quota bought in tokens per second, not a bare gain.
+    assert "| 5s | 24Gi | chat 32Gi→56Gi, code 32Gi→20Gi | chat's curve is steepest |" in text
+    assert "2026-12-03T" not in text and "predicted gain" not in text
+    assert "| 0s–7s | chat | 32Gi → 56Gi | — → 20.0k | — → 4.3k | — → 21.5% | — → 60.5% |" in text
+    assert "its working set grew" in text and "20s telemetry window" in text
     assert "| chat | 32Gi | 56Gi | +24Gi | 8Gi | 64Gi |" in text
     assert "| code | 32Gi | 20Gi | −12Gi |" in text
     assert "2 quota changes observed, 1 rebalance round recorded" in text and "1 rebalance Event." in text
@@ -159,3 +171,26 @@ def test_the_summary_reports_quota_moves_and_hit_ratios():
     quiet.add(0, snapshot(None, [BARE]))
     text = summary_markdown(quiet, plot=None)
     assert "No quota moved" in text and "No hit ratios were reported" in text
+
+
+def test_the_plot_explains_itself_with_legends_beside_the_data():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from kvtier.demo.report import plot_figure
+
+    history = History(speed=10)
+    for second in range(30):
+        history.add(second, snapshot(POOL, [FULL, PARTIAL], EVENTS), busy="chat" if second < 15 else "code")
+    figure = plot_figure(history)
+    renderer = FigureCanvasAgg(figure).get_renderer()
+    quota_axes, served_axes, hit_axes = figure.axes[:3]
+    labels = [text.get_text() for text in quota_axes.get_legend().get_texts()]
+    assert labels == ["chat", "code", "pool capacity", "the load's busy deployment\n(shaded in its colour)",
+                      "a quota change\n(a rebalance round)"]
+    assert "tokens per second served from each deployment's storage tier" in served_axes.get_title(loc="left")
+    assert [line.get_label() for line in served_axes.get_lines()] == ["chat"]  # 0.215 x 20000 tokens/s
+    assert served_axes.get_lines()[0].get_ydata()[-1] == 0.215 * 20000 / 1000
+    assert "the load changed, not its quota" in hit_axes.get_title(loc="left")
+    for axes in (quota_axes, served_axes, hit_axes):  # every legend right of its axes, never over the data
+        legend_box = axes.get_legend().get_window_extent(renderer)
+        assert legend_box.x0 >= axes.get_window_extent(renderer).x1

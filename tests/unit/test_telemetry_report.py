@@ -6,7 +6,7 @@ import pytest
 
 from kvtier.api.inferencedeployment import KVStatus
 from kvtier.probe.demand import HitCurve
-from kvtier.telemetry.report import AlertRules, Alerts, kv_status, metrics_condition
+from kvtier.telemetry.report import AlertRules, Alerts, kv_status, metrics_condition, percent, seconds
 from kvtier.telemetry.stats import HitRatio, Summary
 
 SUMMARY = Summary(replicas=2, hbm_watermark_mean=0.4567891, hbm_watermark_max=0.9, prompt_tokens_per_second=100.0,
@@ -26,15 +26,30 @@ def test_kv_status_is_rounded_valid_and_leaves_the_quota_to_the_reconcile():
     assert kv["storage"] == {"used": "3Gi"} and kv["sampledAt"] == "2026-01-02T03:04:05Z"
     points = kv["demand"]["points"]
     assert kv["demand"]["unit"] == "bytes" and 1 < len(points) <= 8
-    assert points[-1] == {"capacity": float(2**19), "hitRatio": 0.95}
+    assert points[-1] == {"capacity": 2**19, "hitRatio": 0.95}
     assert [p["capacity"] for p in points] == sorted(p["capacity"] for p in points)
+    assert all(type(p["capacity"]) is int for p in points)  # `kubectl describe` prints 524288, not 5.24288e+05
+    assert kv["promptTokensPerSecond"] == 100.0
+    assert kv["shown"] == {"hbmWatermark": "46%", "hitRatio": "80%", "storageHitRatio": "20%", "ttftP50": "123ms"}
     KVStatus.model_validate(kv)  # the CRD's schema accepts it
+
+
+@pytest.mark.parametrize(("ratio", "text"), [(0.923, "92%"), (1.0, "100%"), (0.045, "4.5%"), (0.0, "0%"), (None, None)])
+def test_percentages_for_people(ratio, text):
+    assert percent(ratio) == text
+
+
+@pytest.mark.parametrize(("value", "text"), [(0.85, "850ms"), (1.5, "1.5s"), (15.24, "15.2s"), (152.3, "152s"),
+                                             (0.0, "0ms"), (None, None)])
+def test_seconds_for_people(value, text):
+    assert seconds(value) == text
 
 
 def test_numbers_that_are_not_known_are_left_out():
     kv = kv_status(Summary(replicas=1, hbm_watermark_mean=0.2, hit_ratio=HitRatio(hbm=0.1),
                            storage_used_bytes=float("nan")))
-    assert set(kv) == {"hbmWatermark", "hitRatio", "sampledAt"} and kv["hitRatio"] == {"hbm": 0.1}
+    assert set(kv) == {"hbmWatermark", "hitRatio", "sampledAt", "shown"} and kv["hitRatio"] == {"hbm": 0.1}
+    assert kv["shown"] == {"hbmWatermark": "20%"}
 
 
 @pytest.mark.parametrize("summary, ready, failures, expected", [

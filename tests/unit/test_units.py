@@ -72,3 +72,10 @@ def test_parse_duration_rejects(text):
 @given(st.integers(min_value=0, max_value=10**7))
 def test_format_duration_round_trips(millis):
     assert parse_duration(format_duration(millis / 1000)) == pytest.approx(millis / 1000)
+
+
+def test_counts_in_words():
+    from kvtier.api.units import counted
+
+    assert [counted(n, "deployment") for n in (0, 1, 3)] == ["no deployment", "1 deployment", "3 deployments"]
+    assert counted(2, "replica") == "2 replicas" and counted(2, "index", "indices") == "2 indices"

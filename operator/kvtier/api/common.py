@@ -68,17 +68,23 @@ class Condition(KubeModel):
     """A Kubernetes-shaped condition (`metav1.Condition`)."""
 
     type: str = Field(max_length=316)
+    """What the condition is about, e.g. `Ready`."""
     status: Literal["True", "False", "Unknown"]
+    """`True`, `False` or `Unknown`."""
     reason: str = Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
     """CamelCase word that machines can match on."""
     message: str = Field(max_length=32768)
     """What a person needs to know, naming the field or object at fault."""
     last_transition_time: Timestamp | None = None
+    """When `status` last changed."""
     observed_generation: int | None = Field(default=None, ge=0)
+    """The `metadata.generation` the condition was computed from."""
 
 
 class SecretReference(KubeModel):
     """A Secret by name; its keys are read by the node driver and never copied anywhere."""
 
     name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """Name of the Secret."""
     namespace: str = Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)
+    """Namespace of the Secret (the node driver reads it there)."""

@@ -88,11 +88,14 @@ class Architecture(KubeModel):
     """Enough of the model's shape to size its KV cache (for MLA models give kvBytesPerToken instead)."""
 
     layers: int = Field(ge=1, le=4096)
+    """Transformer layers that keep a KV cache (`num_hidden_layers` in the model's config.json)."""
     kv_heads: int = Field(ge=1, le=4096)
-    """Key/value heads (fewer than attention heads under grouped-query attention)."""
+    """Key/value heads (`num_key_value_heads`; fewer than attention heads under grouped-query attention)."""
     head_dim: int = Field(ge=1, le=16384)
+    """Elements per attention head (`head_dim`, else hidden_size / num_attention_heads)."""
     dtype: Literal["float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"] = "bfloat16"
-    """Element type of the KV cache."""
+    """Element type of the KV cache (default bfloat16). Bytes per token = 2 x layers x kvHeads x headDim x
+    the element's size (2 for 16-bit, 1 for fp8, 4 for float32)."""
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -100,13 +103,17 @@ class Architecture(KubeModel):
 
 
 class ModelSpec(KubeModel):
+    """The model the replicas serve, and how many bytes of KV cache one of its tokens takes."""
+
     name: str = Field(min_length=1, max_length=1024)
     """Model to serve: a Hugging Face id or a path inside the image or a mounted volume."""
     served_name: str | None = Field(default=None, min_length=1, max_length=253)
     """Name clients use in requests (default: `name`)."""
     kv_bytes_per_token: int | None = Field(default=None, ge=1, le=2**32)
-    """KV cache bytes per token over all layers (alternative to `architecture`)."""
+    """KV cache bytes per token over all layers, keys and values (set this or `architecture`; use it for
+    MLA and other models whose shape `architecture` cannot describe). Sizes every tier's capacity in tokens."""
     architecture: Architecture | None = None
+    """The model's shape, from which kvtier computes the KV bytes per token (set this or `kvBytesPerToken`)."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -133,8 +140,12 @@ class ModelSpec(KubeModel):
 
 
 class EnvVar(KubeModel):
+    """An environment variable of the vLLM container, as in a Pod's `env`."""
+
     name: str = Field(min_length=1, max_length=1024, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    """Variable name (not PYTHONHASHSEED; not LMCACHE_* in LMCacheInProcess mode)."""
     value: str | None = None
+    """Value as written (default empty); `$(VAR)` references to earlier variables are expanded."""
     value_from: dict[str, Any] | None = Field(
         default=None, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
     )
@@ -142,18 +153,28 @@ class EnvVar(KubeModel):
 
 
 class ResourceRequirements(KubeModel):
+    """Compute resources of the vLLM container, as in a Pod's `resources`."""
+
     requests: dict[str, ResourceQuantity] = Field(default_factory=dict, max_length=MAX_RESOURCE_NAMES)
-    """Resources the engine container requests (`cpu`, `memory`, ...); never negative."""
+    """What the engine needs, as quantities (`cpu: 8`, `memory: 64Gi`; never negative); kvtier adds `/dev/shm`
+    and an in-process CPU tier to memory, and sets `nvidia.com/gpu` to tensorParallelSize."""
     limits: dict[str, ResourceQuantity] = Field(default_factory=dict, max_length=MAX_RESOURCE_NAMES)
-    """Limits of the engine container; never negative."""
+    """Most the engine may use, as quantities (never negative); kvtier adds the same memory as to requests."""
 
 
 class Toleration(KubeModel):
+    """A taint the replicas tolerate, as in a Pod's `tolerations`."""
+
     key: str | None = None
+    """Taint key to match (e.g. `nvidia.com/gpu`); empty with operator Exists matches every taint."""
     operator: Literal["Exists", "Equal"] | None = None
+    """`Equal` (the default) matches key and value; `Exists` matches any value of the key."""
     value: str | None = None
+    """Taint value to match with operator Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """Taint effect to match; empty matches every effect."""
     toleration_seconds: int | None = None
+    """With effect NoExecute: seconds a replica stays on a node after the taint appears (default: forever)."""
 
 
 #: Longest single `engine.args` entry (bounds the cost of the CEL rules that scan args).
@@ -164,28 +185,36 @@ MAX_REPLICAS = 1024
 
 
 class EngineSpec(KubeModel):
+    """The vLLM container of every replica: image, parallelism, memory, extra arguments, placement."""
+
     image: str = Field(min_length=1, max_length=1024)
     """vLLM image, e.g. `vllm/vllm-openai:v0.33.0`."""
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
-    """GPUs per replica (`--tensor-parallel-size`); every rank of a replica runs on one node."""
+    """GPUs per replica (`--tensor-parallel-size`, default 1); every rank of a replica runs on one node."""
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    """Fraction of each GPU's memory vLLM may use for weights, activations and the HBM KV cache."""
+    """Fraction of each GPU's memory vLLM may use for weights, activations and the HBM KV cache (default 0.9);
+    what is left after weights and activations is the HBM tier."""
     max_model_len: int | None = Field(default=None, ge=1, le=2**24)
+    """Longest request (prompt plus output) in tokens (`--max-model-len`); default: the model's context length."""
     args: list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]] = Field(default_factory=list, max_length=64)
     """Extra `vllm serve` arguments, appended after the operator's own (which they must not repeat). Bounded
     (64 of at most 4096 characters) so the CEL rules over them fit a real API server's cost budget."""
     env: list[EnvVar] = Field(default_factory=list, max_length=256)
+    """Extra environment variables of the vLLM container (at most 256)."""
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     """Engine CPU and memory; the operator adds the CPU tier, `/dev/shm` and `nvidia.com/gpu`."""
     node_selector: dict[str, str] = Field(default_factory=dict)
+    """Labels a node must carry to run a replica (e.g. a GPU product label); copied to the pods."""
     tolerations: list[Toleration] = Field(default_factory=list)
+    """Taints the replicas tolerate (e.g. the GPU nodes' `nvidia.com/gpu:NoSchedule`); copied to the pods."""
 
 
 class CPUTier(KubeModel):
     """LMCache's CPU tier (L1) per replica."""
 
     size: Quantity
-    """Pinned host memory for KV chunks (in-process mode: per TP rank)."""
+    """Host memory for KV chunks per replica, a quantity such as 64Gi (in-process mode: per TP rank); the pod's
+    memory request and limit grow by it. Must be greater than zero."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -214,13 +243,17 @@ class StorageTier(KubeModel):
     pool_ref: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
     """Name of the KVPool (cluster-scoped) to draw from."""
     request: Quantity
-    """Quota each replica starts with."""
+    """Storage quota each replica starts with, a quantity such as 200Gi; the rebalancer then moves it between
+    `min` and `max`."""
     min: Quantity | None = None
-    """Least quota the rebalancer may leave a replica (default 0); admission needs min x replicas free."""
+    """Least quota the rebalancer may leave a replica, a quantity (default 0); the deployment is admitted only
+    when the pool has `min` x replicas free. Must not exceed `request`."""
     max: Quantity | None = None
-    """Most quota the rebalancer may give a replica (default: request)."""
+    """Most quota the rebalancer may give a replica, a quantity (default: `request`); each replica's volume is
+    sized to it. Must not be less than `request`."""
     weight: float = Field(default=1.0, gt=0, le=1000)
-    """Relative value of this deployment's hits when the pool is divided."""
+    """Relative value of this deployment's hits when the pool is divided (default 1; 2 counts each of its hits
+    twice against other deployments')."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -255,13 +288,18 @@ class StorageTier(KubeModel):
 
 
 class KVCacheSpec(KubeModel):
+    """The KV cache beyond GPU memory: LMCache's mode, its chunk size, its CPU tier and a share of a KVPool."""
+
     mode: KVCacheMode = "LMCacheMP"
     """`LMCacheMP`: an LMCache server container beside vLLM (live quotas); `LMCacheInProcess`:
-    LMCache inside vLLM (sizes change by rolling restart); `None`: HBM prefix cache only."""
+    LMCache inside vLLM (sizes change by rolling restart); `None`: HBM prefix cache only. Default LMCacheMP."""
     chunk_size: int = Field(default=256, ge=16, le=65536, multiple_of=16)
-    """Tokens per LMCache chunk (a multiple of vLLM's 16-token block)."""
+    """Tokens per LMCache chunk, the unit LMCache stores and looks up (default 256; a multiple of vLLM's
+    16-token block). Smaller chunks hit on shorter shared prefixes at more lookups per request."""
     cpu: CPUTier | None = None
+    """LMCache's CPU tier (L1) per replica; required unless mode is None."""
     storage: StorageTier | None = None
+    """A per-replica share of a KVPool as the storage tier (L2); omit it for no storage tier. Not with mode None."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -298,10 +336,13 @@ class KVCacheSpec(KubeModel):
 
 
 class SLOSpec(KubeModel):
-    """Latency objectives; deployments missing theirs weigh more when the pool is divided."""
+    """Time-to-first-token objectives, for people and dashboards beside `status.kv.ttftP50Seconds`; this
+    version's rebalancer does not read them (use `kvCache.storage.weight` to favour a deployment)."""
 
     ttft_p50: Duration | None = None
+    """Median time to first token the deployment aims for, a duration such as 500ms or 1.5s."""
     ttft_p99: Duration | None = None
+    """99th-percentile time to first token the deployment aims for, a duration such as 2s (at least ttftP50)."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -336,11 +377,15 @@ _NO_CONNECTOR = "has(self.kvCache) && has(self.kvCache.mode) && self.kvCache.mod
 
 
 class InferenceDeploymentSpec(KubeModel):
+    """What to run: the model, the vLLM engine, how many replicas, and the KV cache tiers."""
+
     model: ModelSpec
     replicas: int = Field(default=1, ge=0, le=MAX_REPLICAS)
-    """Replicas to run (at most 1024); more than the nodes can hold at once is reported as DoesNotFit."""
+    """vLLM replicas (pods), default 1, at most 1024; each has its own CPU tier and storage quota. `kubectl
+    scale` sets it. More than the nodes can hold at once is reported as DoesNotFit."""
     engine: EngineSpec
     kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec)
+    """The KV cache tiers beyond GPU memory, sized per replica (default: LMCacheMP, which needs `cpu.size`)."""
     slo: SLOSpec | None = None
 
     model_config = ConfigDict(
@@ -411,12 +456,18 @@ class HitRatio(KubeModel):
     """Token-weighted fraction of prompt tokens served from each tier over the last window."""
 
     hbm: float | None = Field(default=None, ge=0, le=1)
+    """Share of prompt tokens found in vLLM's GPU prefix cache (0-1)."""
     cpu: float | None = Field(default=None, ge=0, le=1)
+    """Share of prompt tokens loaded from LMCache's CPU tier (0-1)."""
     storage: float | None = Field(default=None, ge=0, le=1)
+    """Share of prompt tokens loaded from the pool's storage tier (0-1); this is what the quota buys."""
     total: float | None = Field(default=None, ge=0, le=1)
+    """Share of prompt tokens served from any tier (0-1); the rest were prefilled on the GPU."""
 
 
 class StorageUsage(KubeModel):
+    """The storage tier's quota and how much of it holds KV chunks."""
+
     quota: Quantity | None = None
     """Per-replica storage quota currently applied."""
     used: Quantity | None = None
@@ -424,8 +475,8 @@ class StorageUsage(KubeModel):
 
 
 class DemandPoint(KubeModel):
-    capacity: float = Field(ge=0)
-    """Storage per replica, in the curve's unit."""
+    capacity: int = Field(ge=0)
+    """Storage per replica, in the curve's unit (`bytes` or `chunks`)."""
     hit_ratio: float = Field(ge=0, le=1)
     """Share of the probe's lookups that an LRU cache of this capacity would hit."""
 
@@ -434,7 +485,22 @@ class DemandCurve(KubeModel):
     """A few points of the deployment's demand curve (hit ratio as a function of storage per replica)."""
 
     unit: Literal["bytes", "chunks"]
+    """Unit of each point's capacity: `bytes`, or `chunks` of kvCache.chunkSize tokens."""
     points: list[DemandPoint] = Field(default_factory=list, max_length=16)
+    """Up to 16 points, by increasing capacity."""
+
+
+class KVShown(KubeModel):
+    """The window's headline numbers written for people (the numbers above, for machines, stay numbers)."""
+
+    hbm_watermark: str | None = None
+    """Mean GPU KV cache use, e.g. `92%`."""
+    hit_ratio: str | None = None
+    """Prompt tokens served from any cache tier, e.g. `78%`."""
+    storage_hit_ratio: str | None = None
+    """Prompt tokens served from the storage tier, e.g. `21%`."""
+    ttft_p50: str | None = None
+    """Median time to first token, e.g. `850ms` or `1.5s`."""
 
 
 class KVStatus(KubeModel):
@@ -447,20 +513,35 @@ class KVStatus(KubeModel):
     hit_ratio: HitRatio | None = None
     storage: StorageUsage | None = None
     ttft_p50_seconds: float | None = Field(default=None, ge=0)
+    """Median time to first token over the window, in seconds."""
     ttft_p99_seconds: float | None = Field(default=None, ge=0)
+    """99th-percentile time to first token over the window, in seconds."""
     preemptions_per_second: float | None = Field(default=None, ge=0)
+    """Requests vLLM preempted per second (its GPU KV cache was full), over all replicas."""
+    prompt_tokens_per_second: float | None = Field(default=None, ge=0)
+    """Prompt tokens the replicas received per second, summed; x hitRatio.storage = tokens per second the
+    storage tier served (prefill the quota saved)."""
     demand: DemandCurve | None = None
     sampled_at: Timestamp | None = None
     """When the numbers were last written (they change only on a material change)."""
+    shown: KVShown | None = None
+    """The headline numbers with their units, as `kubectl get infd` shows them."""
 
 
 class InferenceDeploymentStatus(KubeModel):
+    """What the operator observed; written by kvtier through the status subresource, never by users."""
+
     observed_generation: int | None = None
+    """The `metadata.generation` this status describes; while it lags, the operator has not acted on the
+    latest spec yet."""
     replicas: int | None = None
+    """Replicas (pods) that exist."""
     ready_replicas: int | None = None
+    """Replicas that are Ready: the engine serves and its storage quota is set."""
     selector: str | None = None
     """Label selector of the pods, for the scale subresource (HorizontalPodAutoscaler)."""
     conditions: list[Condition] = Field(default_factory=list)
+    """Ready, Progressing, StorageBound, MetricsAvailable and Degraded, each with a reason and a message."""
     kv: KVStatus | None = None
 
 
@@ -477,6 +558,7 @@ class InferenceDeployment(KubeModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: InferenceDeploymentSpec
     status: InferenceDeploymentStatus | None = None
+    """What the operator observed: replicas, conditions and the KV cache's numbers."""
 
     @model_validator(mode="after")
     def _check(self) -> InferenceDeployment:

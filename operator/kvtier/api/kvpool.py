@@ -73,18 +73,23 @@ class NVMeoFStorage(KubeModel):
     """Static inventory on an NVMe-over-Fabrics array, attached through a CSI node driver."""
 
     driver: str = Field(default="csi.nvmf.com", min_length=1, max_length=63)
-    """CSI driver name; `csi.nvmf.com` (kubernetes-csi/csi-driver-nvmf) connects one path without auth."""
+    """CSI driver name (default `csi.nvmf.com`: kubernetes-csi/csi-driver-nvmf, which connects one path, no auth)."""
     transport: Literal["tcp", "rdma"] = "tcp"
+    """NVMe-oF transport the hosts connect with: `tcp` (default) or `rdma`."""
     targets: list[NVMeoFTarget] = Field(min_length=1, max_length=16)
+    """The array's target ports (1 to 16); every namespace is reached through them."""
     namespaces: list[NVMeoFNamespace] = Field(
         min_length=1,
         max_length=4096,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["uuid"]},
     )
+    """The static inventory kvtier may bind, one namespace per replica, in this order (uuids unique)."""
     host_nqn: str | None = Field(default=None, alias="hostNQN", max_length=223, pattern=NQN_PATTERN)
     """NQN this cluster's hosts present to the array (required with `auth`)."""
     auth: NVMeoFAuth | None = None
+    """DH-HMAC-CHAP authentication (optional; needs hostNQN)."""
     connect: NVMeoFConnect | None = None
+    """Host connect options (optional; the kernel's defaults otherwise)."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -116,6 +121,7 @@ class CSIStorage(KubeModel):
     """Dynamic provisioning through any CSI driver's StorageClass (Lightbits, Trident, PowerStore ...)."""
 
     storage_class_name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)
+    """StorageClass that provisions one volume per replica, sized to the deployment's storage `max`."""
     volume_mode: Literal["Block", "Filesystem"] = "Block"
     """`Block` for LMCache's raw-block tier; `Filesystem` for in-process `local_disk`."""
 
@@ -124,14 +130,18 @@ class HostPathStorage(KubeModel):
     """A directory on every node holding one pre-sized file per replica (development and kind only)."""
 
     path: str = Field(min_length=2, max_length=4096, pattern=r"^/")
+    """Absolute directory on every node; kvtier keeps one subdirectory per replica under it."""
 
 
 class PoolStorage(KubeModel):
     """Where the pool's bytes live: exactly one backend."""
 
     nvmeof: NVMeoFStorage | None = None
+    """Static namespaces on an NVMe-over-Fabrics array."""
     csi: CSIStorage | None = None
+    """Volumes provisioned on demand through a CSI StorageClass."""
     host_path: HostPathStorage | None = None
+    """A directory on every node (development and kind only)."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -166,16 +176,17 @@ class RebalanceSpec(KubeModel):
     """`Static` keeps each deployment at its request; `Proportional` divides by weight x demand;
     `MarginalGain` divides by the prefill work each byte saves, from measured demand curves."""
     interval: Duration = Field(default="1m", validate_default=True)
-    """How often a new division is computed (at least 1s)."""
+    """How often a new division is computed, a duration (default 1m, at least 1s)."""
     cooldown: Duration = Field(default="1m", validate_default=True)
-    """Least time between two moves of the same pool (the default allows a move every default interval;
-    measured with bench/rebalance_sweep.py: a longer cooldown loses hits on every phased workload)."""
+    """Least time between two moves of the same pool, a duration (default 1m: a move every default interval;
+    measured with bench/rebalance_sweep.py, a longer cooldown loses hits on every phased workload)."""
     min_gain: float = Field(default=0.01, ge=0, le=1)
-    """Least predicted relative improvement of the pool's objective that justifies a move (0.01 = 1%; 0 to 1)."""
+    """Least predicted relative improvement of the pool's objective (prefill work saved) that justifies a
+    move (default 0.01 = 1%; 0 to 1)."""
     max_step: float = Field(default=0.5, gt=0, le=1)
-    """Largest fraction of the pool's capacity moved in one round (above 0, at most 1)."""
+    """Largest fraction of the pool's capacity moved in one round (default 0.5 = 50%; above 0, at most 1)."""
     dry_run: bool = False
-    """Compute and report moves (Events, status.lastRebalance) without applying them."""
+    """Compute and report moves (Events, status.lastRebalance) without applying them (default false)."""
 
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
@@ -198,12 +209,16 @@ VolumeReclaim = Literal["Wipe", "Retain"]
 
 
 class KVPoolSpec(KubeModel):
+    """The pool's capacity, where its bytes live, and how it is re-divided between deployments."""
+
     capacity: Quantity
-    """Bytes the pool may hand out to deployments (the sum of all storage quotas never exceeds it)."""
+    """Bytes the pool may hand out to deployments, a quantity such as 10Ti (the sum of every deployment's
+    quota x replicas never exceeds it). Must be greater than zero."""
     read_bandwidth: Quantity | None = None
-    """Bytes per second one replica can read from the pool (advisory; weighs hits in the allocator)."""
+    """Bytes per second one replica can read from the pool, a quantity such as 12500M (advisory: recorded for
+    people and capacity planning; this version's rebalancer does not read it)."""
     write_bandwidth: Quantity | None = None
-    """Bytes per second one replica can write to the pool (advisory)."""
+    """Bytes per second one replica can write to the pool, a quantity (advisory, like readBandwidth)."""
     storage: PoolStorage
     rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec, json_schema_extra={"default": {}})
     volume_reclaim: VolumeReclaim = "Wipe"
@@ -239,9 +254,13 @@ class QuotaMove(KubeModel):
     """One deployment's per-replica storage quota before and after a rebalance."""
 
     namespace: str
+    """Namespace of the InferenceDeployment."""
     name: str
+    """Name of the InferenceDeployment."""
     from_quota: Quantity
+    """Per-replica storage quota before the move."""
     to_quota: Quantity
+    """Per-replica storage quota after the move."""
 
 
 #: Bound of the status lists: deployments (or moves) per pool. Bounded lists keep the CEL cost of their
@@ -250,21 +269,31 @@ STATUS_LIST_LIMIT = 1024
 
 
 class RebalanceRecord(KubeModel):
+    """The last round that moved capacity (or, with dryRun, would have)."""
+
     time: Timestamp
+    """When the round decided."""
     moved_bytes: Quantity
+    """Bytes of quota that changed hands, over all replicas."""
     predicted_gain: float
-    """Predicted relative improvement of the pool's objective."""
+    """Predicted relative improvement of the pool's objective (0.05 = 5% more prefill work saved)."""
     reason: str
+    """Why the round moved, in words."""
     dry_run: bool = False
+    """True when the moves were only reported (spec.rebalance.dryRun)."""
     moves: list[QuotaMove] = Field(default_factory=list, max_length=STATUS_LIST_LIMIT)
+    """Each deployment whose quota changed."""
 
 
 class Allocation(KubeModel):
     """One deployment's share of the pool: the ledger entry, written before anything is actuated."""
 
     namespace: str
+    """Namespace of the InferenceDeployment."""
     name: str
+    """Name of the InferenceDeployment."""
     uid: str
+    """UID of the InferenceDeployment (a deployment recreated under the same name is a new tenant)."""
     replicas: int = Field(ge=0)
     """Replicas admitted (each holds `quota` and, in a static pool, one namespace)."""
     quota: Quantity
@@ -281,9 +310,13 @@ class WaitingDeployment(KubeModel):
     """A deployment the pool could not admit yet; admitted in `since` order when capacity frees up."""
 
     namespace: str
+    """Namespace of the InferenceDeployment."""
     name: str
+    """Name of the InferenceDeployment."""
     uid: str
+    """UID of the InferenceDeployment."""
     since: Timestamp
+    """When it started waiting."""
     needs: Quantity
     """Bytes it needs at its minimum: `min` x replicas."""
     passed_over: int = Field(default=0, ge=0)
@@ -291,13 +324,21 @@ class WaitingDeployment(KubeModel):
 
 
 class KVPoolStatus(KubeModel):
+    """What the operator observed; written by kvtier through the status subresource, never by users."""
+
     observed_generation: int | None = None
+    """The `metadata.generation` this status describes; while it lags, the operator has not acted on the
+    latest spec yet."""
     capacity: Quantity | None = None
+    """spec.capacity as the operator last applied it."""
     allocated: Quantity | None = None
+    """Bytes handed out: the sum of every deployment's quota x replicas."""
     available: Quantity | None = None
+    """Bytes not handed out: capacity minus allocated."""
     deployments: int | None = None
     """Number of InferenceDeployments holding a share of the pool."""
     conditions: list[Condition] = Field(default_factory=list)
+    """Ready, OverCommitted and Degraded, each with a reason and a message."""
     last_rebalance: RebalanceRecord | None = None
     allocations: list[Allocation] = Field(default_factory=list, max_length=STATUS_LIST_LIMIT)
     """The ledger: every deployment's share. The sum of `quota` x `replicas` never exceeds `capacity`."""
@@ -319,3 +360,4 @@ class KVPool(KubeModel):
     metadata: ObjectMeta = Field(default_factory=ObjectMeta)
     spec: KVPoolSpec
     status: KVPoolStatus | None = None
+    """What the operator observed: capacity handed out, the ledger, conditions and the last rebalance."""

@@ -178,3 +178,10 @@ Duration = Annotated[
     PlainSerializer(format_duration, return_type=str, when_used="json"),
     WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN}),
 ]
+
+
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """A count in words for messages people read: `1 deployment`, `3 deployments`, `no deployment`."""
+    if count == 0:
+        return f"no {noun}"
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"

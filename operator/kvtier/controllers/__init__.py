@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from typing import Any
 
@@ -12,6 +13,18 @@ from kvtier.controllers import inferencedeployments, kvpools, rebalancing, runti
 from kvtier.controllers.runtime import OperatorConfig
 from kvtier.rebalance.demand import DemandBook
 from kvtier.telemetry.metrics import OperatorMetrics
+
+
+class _SignalsAreTheCallers(logging.Filter):
+    """Drops kopf's "OS signals are ignored: running not in the main thread": an operator on a thread (the
+    embedded cluster's, `kvtier dev up`, `kvtier demo`) is stopped through `stop_flag` by a caller that
+    handles the signals itself, so the note only misleads."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("OS signals are ignored: running not in the main thread")
+
+
+_SIGNALS_FILTER = _SignalsAreTheCallers()
 
 
 def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
@@ -39,6 +52,8 @@ async def run_operator(
     scope: dict[str, Any] = {"namespaces": config.namespaces} if config.namespaces else {"clusterwide": True}
     if config.peering:  # mandatory peering: kopf stops if the peering object does not exist
         scope.update(peering_name=config.peering, priority=config.priority)
+    if threading.current_thread() is not threading.main_thread() and stop_flag is not None:
+        logging.getLogger("kopf._core.reactor.running").addFilter(_SIGNALS_FILTER)  # idempotent
     await kopf.operator(
         registry=build_registry(config),
         standalone=not config.peering,

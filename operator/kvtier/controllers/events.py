@@ -18,6 +18,9 @@ from kvtier.kube import EVENTS, APIError, KubeClient
 COMPONENT = "kvtier"
 #: The value of each condition that deserves a Warning when it appears; reaching the other value is Normal.
 TROUBLE = {"Ready": "False", "StorageBound": "False", "Degraded": "True", "OverCommitted": "True"}
+#: Reasons of a trouble value that are a normal stage, not trouble: a Normal Event (replicas still
+#: starting within their grace period, none failing).
+NORMAL_REASONS = {"ReplicasStarting"}
 #: Least seconds between two posts of the same Event.
 REPEAT_SECONDS = 60.0
 #: Events remembered for that (the oldest are forgotten first).
@@ -37,8 +40,13 @@ def _first_in_a_while(key: tuple[str, ...]) -> bool:
 
 
 async def post_event(kube: KubeClient, body: Any, kind: str, reason: str, message: str) -> None:
-    """Post one Event about `body` (`kind` is Normal or Warning); cluster-scoped objects' go to `default`."""
+    """Post one Event about `body` (`kind` is Normal or Warning); cluster-scoped objects' go to `default`.
+
+    The message names the object (`KVPool gpu-pool: ...`), so it reads on its own wherever Events are
+    forwarded."""
     metadata = body["metadata"]
+    name = f"{metadata['namespace']}/{metadata['name']}" if metadata.get("namespace") else metadata["name"]
+    message = f"{body['kind']} {name}: {message}"
     key = (metadata.get("uid") or f"{metadata.get('namespace')}/{metadata['name']}", kind, reason, message)
     if not _first_in_a_while(key):
         return
@@ -72,7 +80,8 @@ async def post_transitions(kube: KubeClient, body: Any, before: list[dict[str, A
         trouble = TROUBLE.get(condition["type"])
         if trouble is None:
             continue
-        if condition["status"] == trouble:
-            await post_event(kube, body, "Warning", condition["reason"], condition["message"] or condition["type"])
+        message = condition["message"] or condition["type"]
+        if condition["status"] == trouble and condition["reason"] not in NORMAL_REASONS:
+            await post_event(kube, body, "Warning", condition["reason"], message)
         elif condition["type"] in ("Ready", "StorageBound"):
-            await post_event(kube, body, "Normal", condition["reason"], condition["message"] or condition["type"])
+            await post_event(kube, body, "Normal", condition["reason"], message)

@@ -13,6 +13,7 @@ gives them back to its pool, which wipes or retains them (`controllers.reclaim`)
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime, timezone
 from typing import Any
 
 import aiohttp
@@ -21,10 +22,11 @@ import kopf
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool, KVPoolStatus
 from kvtier.api.units import format_quantity
-from kvtier.controllers.conditions import set_condition
+from kvtier.controllers.conditions import find, set_condition
 from kvtier.controllers.events import post_transitions
 from kvtier.controllers.kvpools import PoolGone, created_at, update_pool_status
 from kvtier.controllers.reclaim import release_volume
+from kvtier.controllers.replicas import not_ready
 from kvtier.controllers.runtime import FIELD_MANAGER, InvalidSpec, OperatorConfig, api_errors, measured, parse
 from kvtier.controllers.volumes import claims_of, expand_claims, keep_claim_templates, volume_size
 from kvtier.kube import (
@@ -288,7 +290,7 @@ async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: Oper
             step.condition("Degraded", "True", "QuotaNotApplied", "; ".join(failed))
             raise step.stop("QuotaNotApplied", "; ".join(failed))
     expansion = await expand_claims(kube, deployment, pool, claims) if pool is not None and storage is not None else None
-    await _workload_status(kube, deployment, name, namespace, step)
+    await _workload_status(kube, deployment, name, namespace, step, config.start_grace_seconds)
     if expansion:
         step.condition("Degraded", "True", "VolumeExpansionNotAllowed", expansion)
 
@@ -300,7 +302,7 @@ async def _being_reclaimed(kube: KubeClient, name: str) -> bool:
 
 
 async def _workload_status(kube: KubeClient, deployment: InferenceDeployment, name: str, namespace: str,
-                           step: Pass) -> None:
+                           step: Pass, grace_seconds: float) -> None:
     statefulset = await kube.get_or_none(STATEFULSETS, namespace, name) or {}
     observed = statefulset.get("status") or {}
     desired = deployment.spec.replicas
@@ -317,4 +319,15 @@ async def _workload_status(kube: KubeClient, deployment: InferenceDeployment, na
     if ready >= desired and not stale:
         step.condition("Ready", "True", "AllReplicasReady" if desired else "ScaledToZero", f"{ready}/{desired} replicas ready")
     else:
-        step.condition("Ready", "False", "ReplicasNotReady", f"{ready}/{desired} replicas ready")
+        pods = await kube.list(PODS, namespace, label_selector=selector(deployment))
+        step.condition("Ready", "False", *not_ready(pods.get("items", []), ready, desired,
+                                                    _false_for(step.before, "Ready"), grace_seconds))
+
+
+def _false_for(conditions: list[dict[str, Any]], kind: str) -> float:
+    """Seconds condition `kind` has been False (0 if it is not False now)."""
+    condition = find(conditions, kind)
+    if condition is None or condition.get("status") != "False" or not condition.get("lastTransitionTime"):
+        return 0.0
+    since = datetime.fromisoformat(condition["lastTransitionTime"].replace("Z", "+00:00"))
+    return max(0.0, (datetime.now(timezone.utc) - since).total_seconds())

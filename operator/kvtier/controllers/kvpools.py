@@ -21,7 +21,7 @@ import kopf
 
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool, KVPoolStatus
-from kvtier.api.units import format_quantity
+from kvtier.api.units import counted, format_quantity
 from kvtier.controllers.conditions import set_condition
 from kvtier.controllers.events import post_event, post_transitions
 from kvtier.controllers.reclaim import reclaim_volumes
@@ -114,12 +114,27 @@ def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None,
         conditions = set_condition(conditions, "Degraded", "True", "StorageLimitations", "; ".join(problems), generation)
     else:
         conditions = set_condition(conditions, "Degraded", "False", "AsExpected", "", generation)
-    waiting = f", {len(status.waiting)} waiting" if status.waiting else ""
+    return set_condition(conditions, "Ready", "True", "Available", holdings(pool, status), generation)
+
+
+def holdings(pool: KVPool, status: KVPoolStatus) -> str:
+    """Who holds how much of the pool, in words: `3 deployments hold 96Gi of 96Gi; 1 waits for capacity`."""
+    capacity = format_quantity(pool.spec.capacity)
+    holders = len(status.allocations)
+    if holders:
+        verb = "holds" if holders == 1 else "hold"
+        parts = [f"{counted(holders, 'deployment')} {verb} {format_quantity(allocated(status))} of {capacity}"]
+    else:
+        parts = [f"no deployment holds any of its {capacity} yet"]
+    if status.waiting:
+        verb = "waits" if len(status.waiting) == 1 else "wait"
+        parts.append(f"{counted(len(status.waiting), 'deployment')} {verb} for capacity")
     if status.reclaiming:
-        verb = "being wiped" if pool.spec.volume_reclaim == "Wipe" else "retained until their PersistentVolume is deleted"
-        waiting += f", {len(status.reclaiming)} namespace(s) {verb}"
-    return set_condition(conditions, "Ready", "True", "Available",
-                         f"{len(status.allocations)} deployment(s) hold {format_quantity(used)}{waiting}", generation)
+        one = len(status.reclaiming) == 1
+        state = "being wiped" if pool.spec.volume_reclaim == "Wipe" else (
+            "retained until its PersistentVolume is deleted" if one else "retained until their PersistentVolumes are deleted")
+        parts.append(f"{counted(len(status.reclaiming), 'released NVMe-oF namespace')} {state}")
+    return "; ".join(parts)
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
@@ -196,10 +211,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         users = [f"{a.namespace}/{a.name}" for a in status.allocations] + [f"{w.namespace}/{w.name}" for w in status.waiting]
         if users:
             reason = "InUse"
-            message = f"deletion waits for {len(users)} InferenceDeployment(s) using the pool: {', '.join(users[:5])}"
+            message = (f"deletion waits for {counted(len(users), 'InferenceDeployment')} using the pool: "
+                       f"{', '.join(users[:5])}{' ...' if len(users) > 5 else ''}")
         elif status.reclaiming and not reclaim.unwiped:
             reason = "Reclaiming"
-            message = "; ".join([f"deletion waits for {len(status.reclaiming)} released NVMe-oF namespace(s) to be "
+            message = "; ".join([f"deletion waits for {counted(len(status.reclaiming), 'released NVMe-oF namespace')} to be "
                                  f"reclaimed (spec.volumeReclaim; Retain keeps them until their PersistentVolumes "
                                  f"are deleted)", *reclaim.problems])
         else:
@@ -207,8 +223,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             # of the same name wipes them before it binds them again, as `Retain` would keep them.
             if reclaim.unwiped:
                 await post_event(memo.kube, body, "Warning", reclaim.reason,
-                                 f"KVPool {body.metadata.name} deleted without wiping {len(reclaim.unwiped)} released "
-                                 f"volume(s) ({', '.join(reclaim.unwiped[:5])}): {'; '.join(reclaim.problems)}; they "
+                                 f"KVPool {body.metadata.name} deleted without wiping {counted(len(reclaim.unwiped), 'released volume')} "
+                                 f"({', '.join(reclaim.unwiped[:5])}): {'; '.join(reclaim.problems)}; they "
                                  f"stay Released until deleted, or wiped by a new pool of the same name")
             metrics = getattr(memo, "metrics", None)
             for family in (metrics.pool_capacity, metrics.pool_allocated) if metrics is not None else ():

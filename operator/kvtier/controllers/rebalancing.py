@@ -311,10 +311,20 @@ def _reason(decision: Decision, settings: LoopSettings) -> str:
     elif settings.policy == "Proportional":
         why = "policy Proportional: shares by weight x access rate"
     else:
-        why = f"predicted gain {decision.predicted_gain:+.1%} >= minGain {settings.min_gain:g}"
+        why = f"predicted storage-tier hits {_rate(decision.value_before)} -> {_rate(decision.value_after)} tokens/s"
+        if math.isfinite(decision.predicted_gain):
+            best = decision.value_before * (1 + decision.predicted_gain)
+            if not math.isclose(best, decision.value_after, rel_tol=1e-3):  # maxStep held this step back
+                why += f" this step, {_rate(best)} tokens/s at the target"
+            why += f" (+{decision.predicted_gain:.1%}, minGain {settings.min_gain:.0%})"
     if decision.frozen:
         why += f"; kept as they are (no fresh metrics): {', '.join(decision.frozen)}"
     return why
+
+
+def _rate(tokens_per_second: float) -> str:
+    """`1,234` or `35.2`: whole tokens where that is precise enough."""
+    return f"{tokens_per_second:,.0f}" if tokens_per_second >= 100 else f"{tokens_per_second:.3g}"
 
 
 def _summary(record: RebalanceRecord) -> str:

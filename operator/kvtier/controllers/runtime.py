@@ -42,6 +42,9 @@ class OperatorConfig:
     """Namespaces whose InferenceDeployments are served (empty: all)."""
     resync_seconds: float = 10.0
     """Level-based resync period: drift is corrected and status refreshed at least this often."""
+    start_grace_seconds: float = 600.0
+    """How long an InferenceDeployment's replicas may take to become Ready (scheduling, image pull, model
+    load) before Ready=False is a Warning (`ReplicasNotReady`); a failing pod is one at once."""
     render: RenderOptions = field(default_factory=RenderOptions)
     quota_timeout_seconds: float = 2.0
     """Per-request timeout of calls to the engines' quota API."""

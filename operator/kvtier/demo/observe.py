@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from kvtier.api.units import parse_duration, parse_quantity
@@ -43,6 +44,14 @@ def _seconds(value: Any) -> float | None:
         return None
 
 
+def epoch_seconds(timestamp: str) -> float | None:
+    """`2026-12-04T15:45:41Z` as seconds since the epoch (None if it is not a timestamp)."""
+    try:
+        return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def _map(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
@@ -68,6 +77,14 @@ class DeploymentView:
     max: int | None = None
     metrics_reason: str | None = None
     """Reason of the MetricsAvailable condition, when there is one."""
+    prompt_rate: float | None = None
+    """Prompt tokens per second the replicas received over the telemetry window (`status.kv.promptTokensPerSecond`)."""
+
+    @property
+    def storage_hit_rate(self) -> float | None:
+        """Prompt tokens per second served from the storage tier: its hit ratio x the prompt rate (one window)."""
+        storage = self.hit_ratio.get("storage")
+        return None if storage is None or self.prompt_rate is None else storage * self.prompt_rate
 
     @property
     def is_ready(self) -> bool:
@@ -207,6 +224,7 @@ def deployment_view(body: Mapping[str, Any], pool: PoolView | None = None) -> De
         min=_quantity(storage_spec.get("min", 0 if storage_spec else None)),
         max=_quantity(storage_spec.get("max", storage_spec.get("request"))),
         metrics_reason=_condition(status, "MetricsAvailable").get("reason"),
+        prompt_rate=_number(kv.get("promptTokensPerSecond")),
     )
 
 

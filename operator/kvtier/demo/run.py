@@ -27,16 +27,18 @@ from rich.live import Live
 
 from kvtier.controllers import OperatorConfig
 from kvtier.demo.manifests import DEPLOYMENTS, NAMESPACE, POOL, DemoManifests
-from kvtier.demo.observe import Snapshot, observe
+from kvtier.demo.observe import Snapshot, epoch_seconds, observe
 from kvtier.demo.report import History, summary_markdown, write_plot, write_samples
 from kvtier.demo.view import Clock, plain_line, render, replicas
 from kvtier.demo.workload import PHASES, Workload
-from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, KubeClient, Resource
+from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, PODS, KubeClient, Resource
 
 FIELD_MANAGER = "kvtier-demo"
 RESOURCES: dict[str, Resource] = {"Namespace": NAMESPACES, "KVPool": KVPOOLS, "InferenceDeployment": INFERENCEDEPLOYMENTS}
-#: Exit codes: done; the cluster never became ready; interrupted (128 + SIGINT, as shells report it).
-OK, NOT_READY, INTERRUPTED = 0, 1, 130
+#: Exit codes: done; the cluster never became ready; interrupted (128 + the signal, as shells report it:
+#: 130 for Ctrl-C, 143 for SIGTERM).
+OK, NOT_READY = 0, 1
+INTERRUPTED = 128 + signal.SIGINT
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class Screen:
             key = (event.time, event.name, event.reason, event.message)
             if event.is_rebalance and key not in self._seen_events:
                 self._seen_events.add(key)
-                self.echo(f"  event {event.time} {event.kind}/{event.name} {event.reason}: {event.message}")
+                self.echo(f"  [{clock.at(event.time):>6}] {event.reason}: {event.message}")
         now = time.monotonic()
         if (clock.stage != self._stage or self._printed_at is None
                 or now - self._printed_at >= self.options.plain_every):
@@ -139,12 +141,18 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
         await asyncio.wait_for(stop.wait(), timeout=seconds)
 
 
-def _install_signals(stop: asyncio.Event) -> Callable[[], None]:
+def _install_signals(stop: asyncio.Event, received: list[int]) -> Callable[[], None]:
+    """SIGINT and SIGTERM set `stop` and are noted in `received`."""
     loop = asyncio.get_running_loop()
     installed = []
+
+    def stop_on(signum: int) -> None:
+        received.append(signum)
+        stop.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(signum, stop.set)
+            loop.add_signal_handler(signum, stop_on, signum)
             installed.append(signum)
         except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals here
             pass
@@ -154,6 +162,17 @@ def _install_signals(stop: asyncio.Event) -> Callable[[], None]:
             loop.remove_signal_handler(signum)
 
     return remove
+
+
+async def _replay_started(kube: KubeClient) -> float | None:
+    """When the first vLLM container of the demo started (its engine's trace replay with it), from the pods."""
+    pods = await kube.list(PODS, NAMESPACE)
+    starts = [epoch_seconds(started)
+              for pod in pods.get("items", []) for container in (pod.get("status") or {}).get("containerStatuses") or []
+              if container.get("name") == "vllm"
+              and isinstance(started := ((container.get("state") or {}).get("running") or {}).get("startedAt"), str)]
+    known = [start for start in starts if start is not None]
+    return min(known) if known else None
 
 
 async def _watch(kube: KubeClient, options: DemoOptions, screen: Screen, history: History,
@@ -171,6 +190,9 @@ async def _watch(kube: KubeClient, options: DemoOptions, screen: Screen, history
         if running_since is None:
             if snapshot.all_ready and len(snapshot.deployments) == len(DEPLOYMENTS):
                 running_since = now
+                replay_started = await _replay_started(kube)
+                if replay_started is not None:  # the engines replay from their start, before Ready is seen
+                    load_since = now - max(0.0, time.time() - replay_started)
                 screen.say(f"all {len(DEPLOYMENTS)} deployments Ready after {now - started:.1f}s; "
                            f"watching for {options.duration:g}s")
             elif now - started > options.ready_timeout:
@@ -179,12 +201,14 @@ async def _watch(kube: KubeClient, options: DemoOptions, screen: Screen, history
                 raise NotReady(f"the demo's replicas were not all Ready within {options.ready_timeout:g}s: "
                                f"{states}")
         if running_since is None:
-            clock = Clock("starting", now - started, options.duration, options.speed, hint=hint)
+            clock = Clock("starting", now - started, options.duration, options.speed, hint=hint,
+                          origin=time.time() - (now - started))
         else:
             elapsed = now - running_since
             busy = busy_deployment(now - (load_since or running_since), options)
-            history.add(round(elapsed, 2), snapshot, busy)
-            clock = Clock("running", elapsed, options.duration, options.speed, busy=busy, hint=hint)
+            history.add(round(elapsed, 2), snapshot, busy, at=time.time())
+            clock = Clock("running", elapsed, options.duration, options.speed, busy=busy, hint=hint,
+                          origin=time.time() - elapsed)
             if elapsed >= options.duration:
                 screen.show(snapshot, clock)
                 return True
@@ -193,7 +217,7 @@ async def _watch(kube: KubeClient, options: DemoOptions, screen: Screen, history
     return False
 
 
-async def _run(options: DemoOptions, screen: Screen, history: History, scratch: Path) -> bool:
+async def _run(options: DemoOptions, screen: Screen, history: History, scratch: Path, received: list[int]) -> bool:
     from kvtier.sim.pods import KvsimEngines
     from kvtier.testing.cluster import EmbeddedCluster, default_nodes
     from kvtier.testing.engines import stub_engine
@@ -204,7 +228,7 @@ async def _run(options: DemoOptions, screen: Screen, history: History, scratch: 
                               workload=options.workload)
     kubeconfig = options.out / "kubeconfig"
     stop = asyncio.Event()
-    remove_signals = _install_signals(stop)
+    remove_signals = _install_signals(stop, received)
     try:
         screen.say("starting the embedded cluster (API server, pod simulator with kvsim engines, kvtier operator)")
         cluster = EmbeddedCluster(default_nodes(options.nodes), kubeconfig=kubeconfig,
@@ -229,15 +253,16 @@ async def _run(options: DemoOptions, screen: Screen, history: History, scratch: 
 
 def run_demo(options: DemoOptions, *, console: Console | None = None,
              echo: Callable[[str], None] = click.echo) -> int:
-    """Run the demo; returns the exit code (0 done, 1 not ready, 130 interrupted)."""
+    """Run the demo; returns the exit code (0 done, 1 not ready, 130 after Ctrl-C, 143 after SIGTERM)."""
     options.out.mkdir(parents=True, exist_ok=True)
     screen = Screen(options, console or Console(), echo)
     history = History(speed=options.speed)
     scratch = Path(tempfile.mkdtemp(prefix="kvtier-demo-"))
+    received: list[int] = []
     log_path = options.out / "operator.log"
     try:
         with _log_to(log_path):
-            finished = asyncio.run(_run(options, screen, history, scratch))
+            finished = asyncio.run(_run(options, screen, history, scratch, received))
     except NotReady as error:
         screen.say(f"error: {error} (logs: {log_path})")
         return NOT_READY
@@ -245,14 +270,17 @@ def run_demo(options: DemoOptions, *, console: Console | None = None,
         shutil.rmtree(scratch, ignore_errors=True)
     if not history.samples:
         screen.say("interrupted before the deployments were Ready; nothing to summarise")
-        return INTERRUPTED
+        return 128 + received[0] if received else INTERRUPTED
     summary, plot, samples = options.out / "summary.md", options.out / "demo.png", options.out / "samples.json"
     write_plot(history, plot)
-    summary.write_text(summary_markdown(history, plot=plot.name, interrupted=not finished))
+    summary.write_text(summary_markdown(history, plot=plot.name, interrupted=not finished,
+                                        window=options.telemetry_window))
     write_samples(history, samples)
     moved = len(history.quota_changes())
     screen.say(f"{'interrupted' if not finished else 'done'}: {moved} quota change{'s' if moved != 1 else ''}, "
                f"{len(history.rebalances)} rebalance round{'s' if len(history.rebalances) != 1 else ''} recorded")
     for path in (summary, plot, samples, log_path):
         screen.say(f"wrote {path}")
-    return OK if finished else INTERRUPTED
+    if finished:
+        return OK
+    return 128 + received[0] if received else INTERRUPTED

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvtier.api.units import GIB, format_duration
-from kvtier.demo.observe import TIERS, DeploymentView, PoolView, Snapshot
+from kvtier.demo.observe import TIERS, DeploymentView, PoolView, Snapshot, epoch_seconds
 
 MISSING = "—"
 #: Events shown under the table.
@@ -34,6 +34,16 @@ class Clock:
     """The deployment the load schedule makes busy now."""
     hint: str | None = None
     """A line at the bottom (how to look at the cluster while it runs)."""
+    origin: float | None = None
+    """Wall-clock time (seconds since the epoch) of the stage's 0, to show the operator's timestamps on this clock."""
+
+    def at(self, timestamp: str) -> str:
+        """An operator timestamp as seconds on this clock (`14s`, `−3s` before it began), like the progress."""
+        epoch = epoch_seconds(timestamp)
+        if epoch is None or self.origin is None:
+            return timestamp[11:19] or MISSING
+        offset = epoch - self.origin
+        return clock_text(offset) if offset >= 0 else f"−{clock_text(-offset)}"
 
 
 def size(value: int | None) -> str:
@@ -85,14 +95,13 @@ def pool_line(pool: PoolView | None) -> str:
             f"allocated {size(pool.allocated)}, available {size(pool.available)}")
 
 
-def rebalance_line(pool: PoolView | None) -> str:
+def rebalance_line(pool: PoolView | None, clock: Clock) -> str:
     last = pool.last_rebalance if pool is not None else None
     if last is None:
         return f"last rebalance: {MISSING}"
-    gain = MISSING if last.predicted_gain is None else f"{last.predicted_gain:+.1%}"
     moves = ", ".join(f"{m.name} {size(m.from_quota)}→{size(m.to_quota)}" for m in last.moves) or "no moves"
     dry = " (dry run)" if last.dry_run else ""
-    return f"last rebalance {last.time}{dry}: moved {size(last.moved_bytes)}, predicted gain {gain}: {moves} ({last.reason})"
+    return f"last rebalance at {clock.at(last.time)}{dry}: moved {size(last.moved_bytes)}: {moves} ({last.reason})"
 
 
 def deployment_table(snapshot: Snapshot) -> Table:
@@ -123,14 +132,14 @@ def deployment_table(snapshot: Snapshot) -> Table:
     return table
 
 
-def events_table(snapshot: Snapshot, lines: int = EVENT_LINES) -> Table:
+def events_table(snapshot: Snapshot, clock: Clock, lines: int = EVENT_LINES) -> Table:
     table = Table.grid(padding=(0, 1))
     for _ in range(4):
         table.add_column()
     shown = snapshot.events[-lines:]
     for event in shown:
         style = "bold magenta" if event.is_rebalance else ("red" if event.type == "Warning" else "dim")
-        table.add_row(Text(event.time[11:19] or MISSING, style="dim"), Text(f"{event.kind}/{event.name}"),
+        table.add_row(Text(clock.at(event.time), style="dim"), Text(f"{event.kind}/{event.name}"),
                       Text(event.reason, style=style), Text(event.message, overflow="ellipsis", no_wrap=True))
     if not shown:
         table.add_row(Text(MISSING, style="dim"), "", "", "")
@@ -163,10 +172,10 @@ def render(snapshot: Snapshot, clock: Clock) -> RenderableType:
         Text("kvtier demo: three deployments share one KV storage pool on an embedded cluster", style="bold"),
         progress_row(clock),
         Text(pool_line(snapshot.pool)),
-        Text(rebalance_line(snapshot.pool), style="magenta" if snapshot.pool and snapshot.pool.last_rebalance else "dim"),
+        Text(rebalance_line(snapshot.pool, clock), style="magenta" if snapshot.pool and snapshot.pool.last_rebalance else "dim"),
         deployment_table(snapshot),
         Text("events", style="bold"),
-        events_table(snapshot),
+        events_table(snapshot, clock),
     ]
     if clock.hint:
         parts.append(Text(clock.hint, style="dim"))

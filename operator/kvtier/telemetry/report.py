@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from kvtier.api.units import format_quantity
+from kvtier.api.units import counted, format_quantity
 from kvtier.telemetry.stats import Summary
 
 #: Digits kept in status numbers (the rest is noise, and would make every write "material").
@@ -51,7 +51,7 @@ def demand_points(summary: Summary, count: int = DEMAND_POINTS) -> dict[str, Any
     chosen = list(capacities[step - 1 :: step])[:count]
     if chosen[-1] != capacities[-1]:
         chosen[-1] = capacities[-1]
-    points = [{"capacity": float(c), "hitRatio": _ratio(curve.hit_ratio(c))} for c in chosen]
+    points = [{"capacity": round(c), "hitRatio": _ratio(curve.hit_ratio(c))} for c in chosen]
     return {"unit": summary.demand_unit, "points": points}
 
 
@@ -66,10 +66,33 @@ def kv_status(summary: Summary, sampled_at: datetime | None = None) -> dict[str,
         "ttftP50Seconds": _round(summary.ttft_p50_seconds),
         "ttftP99Seconds": _round(summary.ttft_p99_seconds),
         "preemptionsPerSecond": _round(summary.preemptions_per_second),
+        "promptTokensPerSecond": _round(summary.prompt_tokens_per_second),
         "storage": {"used": format_quantity(int(used))} if used is not None and math.isfinite(used) else None,
         "demand": demand_points(summary),
         "sampledAt": (sampled_at or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "shown": _drop_none({
+            "hbmWatermark": percent(_ratio(summary.hbm_watermark_mean)),
+            "hitRatio": percent(_ratio(hit.total)),
+            "storageHitRatio": percent(_ratio(hit.storage)),
+            "ttftP50": seconds(summary.ttft_p50_seconds),
+        }),
     })
+
+
+def percent(ratio: float | None) -> str | None:
+    """`0.923` -> `92%`; below 10% one decimal (`4.5%`), so a small share does not read as none."""
+    if ratio is None:
+        return None
+    return f"{ratio:.1%}" if 0 < ratio < 0.1 else f"{ratio:.0%}"
+
+
+def seconds(value: float | None) -> str | None:
+    """`0.85` -> `850ms`, `1.5` -> `1.5s`, `15.2` -> `15.2s`, `152.3` -> `152s`."""
+    if value is None or not math.isfinite(value):
+        return None
+    if value < 1:
+        return f"{value * 1000:.0f}ms"
+    return f"{value:.3g}s" if value < 100 else f"{value:.0f}s"
 
 
 def metrics_condition(summary: Summary | None, ready_replicas: int, failures: Sequence[str] = ()
@@ -88,7 +111,7 @@ def metrics_condition(summary: Summary | None, ready_replicas: int, failures: Se
         return "Unknown", "NotScrapedYet", "waiting for the first scrape"
     if summary.stale:
         return "False", "MetricsStale", summary.stale
-    return "True", "MetricsFresh", f"{summary.replicas} replica(s) reporting"
+    return "True", "MetricsFresh", f"{counted(summary.replicas, 'replica')} reporting"
 
 
 @dataclass(frozen=True)

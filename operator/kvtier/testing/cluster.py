@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvtier.api.crd import build_crds
+from kvtier.api.units import counted
 from kvtier.controllers import OperatorConfig, run_operator
 from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, NAMESPACES, Connection, KubeClient
 from kvtier.testing.apiserver import APIServer
@@ -299,20 +300,31 @@ class ExternalCluster(_LoopThread):
 
 
 async def serve_until_signalled(cluster: SimulatedCluster, *, echo: Callable[[str], None] = print,
-                                kind: str = "embedded cluster") -> None:
-    """`kvtier dev up`: run a cluster (and the operator) until SIGINT or SIGTERM, saying how to use it."""
+                                kind: str = "embedded cluster", kubectl: str = "kubectl") -> int:
+    """`kvtier dev up`: run a cluster (and the operator) until SIGINT or SIGTERM, saying how to use it; returns
+    the signal's number. The kubeconfig is removed on the way out (the server it names is gone)."""
     stop = asyncio.Event()
+    received: list[int] = []
+
+    def stop_on(signum: int) -> None:
+        received.append(signum)
+        stop.set()
+
     nodes, operator, kubeconfig = cluster.nodes, cluster.operator, cluster.kubeconfig
     async with cluster:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):  # after the operator's own handlers: ours stop everything
-            loop.add_signal_handler(signum, stop.set)
+            loop.add_signal_handler(signum, stop_on, signum)
         gpus = sum(node.gpus for node in nodes)
-        echo(f"kvtier {kind}: API server {cluster.url}, {len(nodes)} simulated nodes ({gpus} GPUs)")
+        echo(f"kvtier {kind}: API server {cluster.url}, {counted(len(nodes), 'simulated node')} ({gpus} GPUs)")
         echo(f"  operator: {'running' if operator else 'not started'}")
         echo(f"  kubeconfig: {kubeconfig}")
-        echo(f"  try:  kubectl --kubeconfig {kubeconfig} apply -f manifests/examples/")
-        echo(f"        kubectl --kubeconfig {kubeconfig} get kvp,infd,pods")
+        echo(f"  try:  {kubectl} --kubeconfig {kubeconfig} apply -f manifests/examples/")
+        echo(f"        {kubectl} --kubeconfig {kubeconfig} get kvp,infd,pods")
         echo("  Ctrl-C stops the cluster")
-        await stop.wait()
-        echo("stopping")
+        try:
+            await stop.wait()
+            echo("stopping")
+        finally:
+            kubeconfig.unlink(missing_ok=True)
+    return received[0]
