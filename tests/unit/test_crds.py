@@ -200,4 +200,4 @@ def test_descriptions_state_units_and_defaults():
     assert "seconds" in status["ttftP50Seconds"]["description"]
     rebalance = _schema("kvtier.io_kvpools.yaml")["properties"]["spec"]["properties"]["rebalance"]["properties"]
     assert "default 1m" in rebalance["interval"]["description"]
-    assert "default 5m" in rebalance["cooldown"]["description"]
+    assert "default 1m" in rebalance["cooldown"]["description"]

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.api import KVPool
-from kvtier.api.kvpool import Allocation, KVPoolStatus
+from kvtier.api.kvpool import STATUS_LIST_LIMIT, Allocation, KVPoolStatus
 from kvtier.storage.ledger import MAX_PASS_OVER, Claim, admit, allocated, reclaimed, release, repair
 
 TI = 2**40
@@ -159,9 +159,12 @@ def test_admission_is_linear_in_the_ledger():
     """Thousands of entries: one admission reads each once (the old code compared models pairwise)."""
     pool = csi_pool(10_000 * TI)
     status = KVPoolStatus(allocations=[Allocation(namespace="ml", name=f"d{i}", uid=f"u{i}", replicas=1, quota=TI)
-                                       for i in range(3000)])
+                                       for i in range(STATUS_LIST_LIMIT - 1)])
     decision = admit(pool, status, claim("new", request=TI))
-    assert decision.reason == "Bound" and len(decision.status.allocations) == 3001
+    assert decision.reason == "Bound" and len(decision.status.allocations) == STATUS_LIST_LIMIT
+    full = admit(pool, decision.status, claim("one-more", request=TI))
+    assert full.reason == "PoolFull" and full.allocation is None, full.message
+    assert len(full.status.allocations) == STATUS_LIST_LIMIT
 
 
 def claims_of(*claims):

@@ -88,7 +88,9 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     properties["metadata"] = {"type": "object", "description": "Standard object metadata: name, labels, annotations."}
     name_limit = getattr(model, "MAX_NAME_LENGTH", None)
     if name_limit is not None:  # the one metadata field a CRD schema may restrict (with generateName)
-        properties["metadata"]["properties"] = {"name": {"type": "string", "maxLength": name_limit}}
+        properties["metadata"]["properties"] = {"name": {
+            "type": "string", "maxLength": name_limit,
+            "description": f"Object name, at most {name_limit} characters (StatefulSet pod labels add a suffix)."}}
     schema["required"] = ["spec"]
     return schema
 

@@ -384,8 +384,9 @@ class InferenceDeploymentSpec(KubeModel):
     """vLLM replicas (pods), default 1, at most 1024; each has its own CPU tier and storage quota. `kubectl
     scale` sets it. More than the nodes can hold at once is reported as DoesNotFit."""
     engine: EngineSpec
-    kv_cache: KVCacheSpec = Field(default_factory=KVCacheSpec)
-    """The KV cache tiers beyond GPU memory, sized per replica (default: LMCacheMP, which needs `cpu.size`)."""
+    kv_cache: KVCacheSpec
+    """The KV cache tiers beyond GPU memory, sized per replica. Required: the default mode, LMCacheMP, needs
+    `cpu.size`, so there is no default a real API server would accept; `{mode: None}` runs vLLM alone."""
     slo: SLOSpec | None = None
 
     model_config = ConfigDict(

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kvtier.api.inferencedeployment import InferenceDeployment
-from kvtier.api.kvpool import Allocation, KVPool, KVPoolStatus, NVMeoFNamespace, WaitingDeployment
+from kvtier.api.kvpool import STATUS_LIST_LIMIT, Allocation, KVPool, KVPoolStatus, NVMeoFNamespace, WaitingDeployment
 from kvtier.api.units import format_quantity
 from kvtier.storage.base import BLOCK_ALIGN, align_down
 
@@ -177,6 +177,13 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Decision:
         new = summarise(pool, status.model_copy(update={"allocations": others, "waiting": queue,
                                                         "reclaiming": _reclaim(status, stale)}))
         return Decision(new, None, "NeverFits", message)
+
+    if existing is None and len(others) >= STATUS_LIST_LIMIT:  # the CRD bounds the ledger (CEL cost budget)
+        new = summarise(pool, status.model_copy(update={"allocations": others, "waiting": queue,
+                                                        "reclaiming": _reclaim(status, stale)}))
+        return Decision(new, None, "PoolFull",
+                        f"KVPool {pool.metadata.name} already holds {STATUS_LIST_LIMIT} deployments, the most one "
+                        f"pool's ledger records; {claim.name} is admitted when one leaves (or use another pool)")
 
     passed: list[WaitingDeployment] = []
     if existing is None:
