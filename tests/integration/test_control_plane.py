@@ -55,8 +55,8 @@ def test_the_harness_serves_kubectl_and_leaves_nothing_behind(real):
     plane = ControlPlane().start()
     try:
         directory = plane.directory
-        pids = [process.popen.pid for process in plane._processes]
-        assert sorted(process.name for process in plane._processes) == sorted(COMPONENTS)
+        pids = list(plane.components.values())
+        assert sorted(plane.components) == sorted(COMPONENTS)
         nodes = subprocess.run([str(KUBECTL), "--kubeconfig", str(plane.kubeconfig), "get", "--raw", "/readyz"],
                                capture_output=True, text=True, timeout=30)
         assert nodes.stdout.strip() == "ok", nodes.stderr

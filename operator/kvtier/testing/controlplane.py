@@ -123,6 +123,8 @@ class ControlPlane:
         self.directory: Path | None = None
         self.url = ""
         self.kubeconfig = Path()
+        #: Seconds the last start took (certificates to a working controller manager).
+        self.startup_seconds = 0.0
         self._processes: list[_Process] = []
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -209,6 +211,11 @@ class ControlPlane:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    @property
+    def components(self) -> dict[str, int]:
+        """Running components: name -> process id (each leads its own process group)."""
+        return {process.name: process.popen.pid for process in self._processes}
 
     # -- helpers ----------------------------------------------------------------------------------
 
