@@ -78,6 +78,8 @@ def test_every_rendered_variant_parses_into_the_intended_engine_args(cases, pars
         assert engine["gpu_memory_utilization"] == spec.engine.gpu_memory_utilization, case.name
         assert engine["max_model_len"] == spec.engine.max_model_len, case.name
         assert answer["port"] == port, case.name
+        # With the probe sidecar, vLLM also exports its block-lifetime histograms.
+        assert engine["kv_cache_metrics"] is ("kvtier-probe" in case.containers), case.name
         transfer = engine["kv_transfer_config"]
         if spec.kv_cache.mode == "None":
             assert transfer is None, case.name
