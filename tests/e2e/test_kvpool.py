@@ -235,10 +235,27 @@ def test_pool_deletion_proceeds_without_the_operator_namespace(cluster, namespac
         assert OPERATOR_NAMESPACE in degraded["message"] and "volumeReclaim: Retain" in degraded["message"]
         kubectl(cluster, "delete", "kvp", pool, "--wait=false")
         wait_for(lambda: get(cluster, KVPOOLS, None, pool) is None, timeout=30, message="the pool to go")
-        warned = [e for e in events(cluster, "default", pool) if e["reason"] == "OperatorNamespaceMissing"]
-        assert warned and "without wiping 1 released volume" in warned[-1]["message"]
+        warned = [e["message"] for e in events(cluster, "default", pool) if e["reason"] == "OperatorNamespaceMissing"]
+        assert any("deleted without wiping 1 released volume" in message for message in warned), warned
         [volume] = items(cluster, PERSISTENT_VOLUMES, None, f"kvtier.io/pool={pool}")  # kept, as Retain would
         kubectl(cluster, "delete", "pv", volume["metadata"]["name"])
     finally:
         if had_namespace:
             kubectl(cluster, "create", "namespace", OPERATOR_NAMESPACE)
+
+
+def test_a_scale_up_the_pool_cannot_hold_is_explained_by_ready(cluster, namespace, pool):
+    """Replicas the ledger did not admit: Ready names the pool's reason, not a bare `ReplicasNotReady 1/2`."""
+    create_pool(cluster, csi_pool(pool, "2Ti"))
+    create_deployment(cluster, deployment(namespace, "grower", pool, request="1Ti"))
+    create_deployment(cluster, deployment(namespace, "neighbour", pool, request="1Ti"))
+    wait_for(lambda: all(storage_bound(cluster, namespace, n).get("status") == "True" for n in ("grower", "neighbour")),
+             message="both bound")
+    kubectl(cluster, "scale", "infd", "grower", "-n", namespace, "--replicas=2")
+    ready = wait_for(lambda: (c := condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "grower"), "Ready"))
+                     .get("reason") == "InsufficientCapacity" and c, timeout=30, message="Ready to say why")
+    assert ready["status"] == "False" and ready["message"].startswith(f"1/2 replicas admitted to KVPool {pool}")
+    assert storage_bound(cluster, namespace, "grower")["reason"] == "InsufficientCapacity"
+    kubectl(cluster, "scale", "infd", "grower", "-n", namespace, "--replicas=3")
+    wait_for(lambda: storage_bound(cluster, namespace, "grower").get("reason") == "NeverFits", message="NeverFits")
+    assert len(items(cluster, STATEFULSETS, namespace)) == 2 and ledger_is_consistent(cluster, pool)

@@ -244,6 +244,7 @@ async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: Oper
     statefulset = await kube.get_or_none(STATEFULSETS, namespace, name)
     claims = await claims_of(kube, namespace, name) if storage is not None else []
     quota = 0
+    held_back: tuple[str, str] | None = None  # the ledger admitted fewer replicas than the spec asks: why
     if storage is not None:
         pool, decision = await claim_storage(kube, deployment, body, step)
         if decision.allocation is None:
@@ -257,6 +258,9 @@ async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: Oper
         else:
             reason = decision.reason if decision.reason != "Bound" else "InsufficientCapacity"
             step.condition("StorageBound", "False", reason, decision.message)
+            if allocation.replicas < deployment.spec.replicas:
+                held_back = (reason, f"{allocation.replicas}/{deployment.spec.replicas} replicas admitted to KVPool "
+                                     f"{storage.pool_ref}: {decision.message}")
         binding = _binding(pool, decision, volume_size(claims, statefulset))
         rendered = deployment.model_copy(update={"spec": deployment.spec.model_copy(update={"replicas": allocation.replicas})})
         quota = kv_volume(rendered, pool, binding).quota  # capped by the volumes
@@ -291,6 +295,8 @@ async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: Oper
             raise step.stop("QuotaNotApplied", "; ".join(failed))
     expansion = await expand_claims(kube, deployment, pool, claims) if pool is not None and storage is not None else None
     await _workload_status(kube, deployment, name, namespace, step, config.start_grace_seconds)
+    if held_back is not None:  # Ready says why the missing replicas do not run, not only that they do not
+        step.condition("Ready", "False", *held_back)
     if expansion:
         step.condition("Degraded", "True", "VolumeExpansionNotAllowed", expansion)
 
