@@ -51,3 +51,22 @@ def test_a_crd_rule_whose_field_path_names_an_undeclared_field_is_refused(cluste
         raise AssertionError("the CRD was accepted")
     accepted = _crd("accepted.example.com", {"rule": "self.size > 0", "fieldPath": ".size"})
     cluster.run(cluster.kube.request("POST", CUSTOMRESOURCEDEFINITIONS.path(), accepted, params={"dryRun": "All"}))
+
+
+def test_a_crd_whose_metadata_schema_says_more_than_name_and_generate_name_is_refused(cluster):
+    """Found on the real control plane: a description on the root's `metadata` made it refuse our CRDs."""
+    from kvtier.kube import APIError, CUSTOMRESOURCEDEFINITIONS
+
+    refused = _crd("described.example.com", {"rule": "self.size > 0"})
+    refused["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"] = {
+        "type": "object", "description": "object metadata"}
+    try:
+        cluster.run(cluster.kube.request("POST", CUSTOMRESOURCEDEFINITIONS.path(), refused, params={"dryRun": "All"}))
+    except APIError as error:
+        assert error.status == 422 and "metadata" in str(error) and "generateName" in str(error), error
+    else:
+        raise AssertionError("the CRD was accepted")
+    accepted = _crd("named.example.com", {"rule": "self.size > 0"})
+    accepted["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"] = {
+        "type": "object", "properties": {"name": {"type": "string", "maxLength": 20, "description": "at most 20"}}}
+    cluster.run(cluster.kube.request("POST", CUSTOMRESOURCEDEFINITIONS.path(), accepted, params={"dryRun": "All"}))

@@ -85,7 +85,8 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     properties = schema["properties"]
     properties["apiVersion"] = {"type": "string", "description": API_VERSION}
     properties["kind"] = {"type": "string", "description": model.KIND}  # type: ignore[attr-defined]
-    properties["metadata"] = {"type": "object", "description": "Standard object metadata: name, labels, annotations."}
+    # kube-apiserver refuses anything on metadata but `type` and the name/generateName properties (no description).
+    properties["metadata"] = {"type": "object"}
     name_limit = getattr(model, "MAX_NAME_LENGTH", None)
     if name_limit is not None:  # the one metadata field a CRD schema may restrict (with generateName)
         properties["metadata"]["properties"] = {"name": {

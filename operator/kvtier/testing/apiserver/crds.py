@@ -29,6 +29,19 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _metadata_schema_errors(root: Any, path: str, out: list[FieldError]) -> None:
+    """As kube-apiserver: the root's `metadata` may say only `type: object` and restrict name and generateName."""
+    metadata = root.get("properties", {}).get("metadata") if isinstance(root, dict) else None
+    if not isinstance(metadata, dict):
+        return
+    rest = {key: value for key, value in metadata.items() if key not in ("type", "properties")}
+    properties = metadata.get("properties") or {}
+    if rest or metadata.get("type", "object") != "object" or set(properties) - {"name", "generateName"}:
+        out.append(FieldError(f"{path}.properties[metadata]", "Forbidden",
+                              "must not specify anything other than name and generateName, but metadata is "
+                              "implicitly specified"))
+
+
 def _schema_errors(node: Any, path: str, out: list[FieldError]) -> None:
     if not isinstance(node, dict):
         out.append(FieldError(path, "Invalid value", "must be a schema object", node))
@@ -146,6 +159,7 @@ def _version_errors(version: Any, path: str, out: list[FieldError]) -> None:
             out.append(FieldError(f"{path}.schema", "Invalid value", "must be an object", schema))
         elif "openAPIV3Schema" in schema:
             _schema_errors(schema["openAPIV3Schema"], f"{path}.schema.openAPIV3Schema", out)
+            _metadata_schema_errors(schema["openAPIV3Schema"], f"{path}.schema.openAPIV3Schema", out)
     subresources = version.get("subresources") or {}
     if not isinstance(subresources, dict):
         out.append(FieldError(f"{path}.subresources", "Invalid value", "must be an object", subresources))
