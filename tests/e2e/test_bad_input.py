@@ -36,8 +36,6 @@ MULTI = [
 
 #: Cases where the two disagree today, with why. strict: each flips to a failure once fixed, to be removed here.
 KNOWN: dict[str, str] = {
-    "kvcache-omitted-with-other-errors": "kvtier validate reports only `cpu: cpu is required` (path not qualified) and "
-                                         "masks the document's other errors; being fixed on the admission branch",
     "duplicate-uuid": "the CRD's list-map key compares uuids case-sensitively, so the API server accepts two "
                       "namespaces differing only in case; kvtier validate (rightly) normalises case first. A CEL "
                       "rule on spec.storage.nvmeof.namespaces (lowerAscii uniqueness) would say it",

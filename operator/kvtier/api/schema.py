@@ -399,7 +399,7 @@ def _validate_map(schema: dict[str, Any], value: dict[str, Any], path: str, erro
             continue
         sub = properties.get(key)
         if sub is None and isinstance(additional, dict):
-            validate_value(additional, item, f"{path}[{key}]" if path else key, errors)
+            validate_value(additional, item, _child(path, key), errors)
         elif sub is not None:
             validate_value(sub, item, _child(path, key), errors)
 
@@ -433,6 +433,11 @@ def _has_rules(schema: Any) -> bool:
     return False
 
 
+def _blocks_rules(error: FieldError) -> bool:
+    """Whether kube-apiserver skips the CEL rules after this error (apiextensions' `hasBlockingErr`)."""
+    return error.type_invalid or error.kind in ("Required value", "Unsupported value", "Too long", "Too many")
+
+
 #: What the server adds when it skips the CEL rules because of earlier errors (`field.Invalid(nil, nil, ...)`).
 RULES_NOT_CHECKED = FieldError("<nil>", "Invalid value", "some validation rules were not checked because the object "
                                "was invalid; correct the existing errors to complete validation", None)
@@ -443,8 +448,9 @@ def process_custom(
 ) -> tuple[dict[str, Any], list[FieldError], list[str]]:
     """Prune, default and validate a custom resource: (new object, errors, pruned field paths).
 
-    As the server's `customResourceStrategy.Validate`, the CEL rules run only when nothing else failed
-    (`earlier_errors`: the metadata checks did); otherwise one fieldless error says they were skipped.
+    As the server's `customResourceStrategy.Validate`, the CEL rules run unless an error blocks them (a wrong
+    type, a required or unsupported value, too long or too many: `hasBlockingErr`; a pattern or a bound does
+    not), or `earlier_errors` (the metadata checks failed); otherwise one fieldless error says they were skipped.
     """
     if not schema:
         return obj, [], []
@@ -454,7 +460,7 @@ def process_custom(
     validate_value({**schema, "type": "object"}, result, "", errors)
     if not _has_rules(schema):
         return result, errors, unknown
-    if errors or earlier_errors:
+    if earlier_errors or any(_blocks_rules(error) for error in errors):
         errors.append(RULES_NOT_CHECKED)
     else:
         errors += cel_errors(schema, result, old)
