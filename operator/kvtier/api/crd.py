@@ -84,7 +84,7 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     schema = _resolve(raw, raw.pop("$defs", {}))
     properties = schema["properties"]
     properties["apiVersion"] = {"type": "string", "description": API_VERSION}
-    properties["kind"] = {"type": "string", "description": model.KIND}  # type: ignore[attr-defined]
+    properties["kind"] = {"type": "string", "description": model.KIND}  # type: ignore[attr-defined]  # every kind declares KIND
     properties["metadata"] = {"type": "object", "description": "Standard object metadata: name, labels, annotations."}
     name_limit = getattr(model, "MAX_NAME_LENGTH", None)
     if name_limit is not None:  # the one metadata field a CRD schema may restrict (with generateName)

@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -118,7 +118,7 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
     capacity_units = max(pool.spec.capacity - reserved - held, 0) // unit
     states = {f"{m.key[0]}/{m.key[1]}": _state(book, m, unit, capacity_units, settings, now) for m in members}
     if memory.last_move is None and status.last_rebalance is not None and not status.last_rebalance.dry_run:
-        memory.last_move = now - (datetime.now(timezone.utc) - status.last_rebalance.time).total_seconds()
+        memory.last_move = now - (datetime.now(UTC) - status.last_rebalance.time).total_seconds()
     decision = decide(states, capacity_units, settings, now, memory.last_move)
     metrics.rebalance_rounds.labels(pool=name, outcome=decision.outcome).inc()
     _realised_gain(book, metrics, name, members, memory, now, settings.interval_seconds)
@@ -134,7 +134,7 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
         return decision
     moved_bytes = sum(max(0, move.to_quota - move.from_quota) * by_name[f"{move.namespace}/{move.name}"].replicas
                       for move in moves)
-    record = RebalanceRecord(time=datetime.now(timezone.utc), moved_bytes=moved_bytes,
+    record = RebalanceRecord(time=datetime.now(UTC), moved_bytes=moved_bytes,
                              predicted_gain=_finite(decision.predicted_gain), reason=_reason(decision, settings),
                              dry_run=decision.outcome == "dry-run", moves=moves)
     if record.dry_run:
@@ -367,5 +367,5 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                     log.debug("KVPool %s: rebalance round %s: %s", name, decision.outcome, decision.reason)
             except (APIError, aiohttp.ClientError, TimeoutError, InvalidSpec) as error:
                 log.warning("KVPool %s: rebalance round skipped: %s", name, error)
-            except Exception:  # noqa: BLE001 - a failed round must not end the pool's rebalancing
+            except Exception:
                 log.exception("KVPool %s: rebalance round failed", name)
