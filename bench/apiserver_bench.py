@@ -25,7 +25,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
-from kvtier.testing.apiserver import ThreadedAPIServer  # noqa: E402
+from kvtier.testing.apiserver import ThreadedAPIServer
 
 
 def seed(server: ThreadedAPIServer, namespace: str, count: int) -> None:

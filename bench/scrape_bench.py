@@ -70,7 +70,7 @@ def render_pages() -> list[dict[str, bytes]]:
     return moments
 
 
-def serve(replicas: int, ready, stop) -> None:  # noqa: ANN001 - multiprocessing events
+def serve(replicas: int, ready, stop) -> None:
     """The server process: every replica's endpoints on its own address."""
     from aiohttp import web
 
@@ -110,11 +110,11 @@ class StubKube:
     def __init__(self) -> None:
         self.patches = 0
 
-    async def patch(self, *args, **kwargs):  # noqa: ANN002, ANN003
+    async def patch(self, *args, **kwargs):
         self.patches += 1
         return {}
 
-    async def create(self, *args, **kwargs):  # noqa: ANN002, ANN003
+    async def create(self, *args, **kwargs):
         return {}
 
 
@@ -127,7 +127,7 @@ async def measure(replicas: int, per_deployment: int, cycles: int, concurrency: 
 
     config = OperatorConfig(scrape_interval_seconds=15, scrape_concurrency=concurrency, status_interval_seconds=0.1)
     kube = StubKube()
-    loop = TelemetryLoop(config, kube, OperatorMetrics())  # type: ignore[arg-type]
+    loop = TelemetryLoop(config, kube, OperatorMetrics())  # type: ignore[arg-type]  # a stand-in client
     for index in range(replicas):
         deployment = f"d{index // per_deployment}"
         pod = {"metadata": {"namespace": "bench", "name": f"{deployment}-{index % per_deployment}", "uid": str(index),

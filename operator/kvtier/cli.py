@@ -450,7 +450,7 @@ def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: fl
         raise click.BadParameter("--metrics-source prometheus needs --prometheus-url", param_hint="--prometheus-url")
     config = OperatorConfig(kubeconfig=kubeconfig, namespaces=namespaces, resync_seconds=resync_seconds, render=render,
                             metrics_port=metrics_port, scrape_interval_seconds=scrape_interval,
-                            metrics_source=metrics_source, prometheus_url=prometheus_url,  # type: ignore[arg-type]
+                            metrics_source=metrics_source, prometheus_url=prometheus_url,  # type: ignore[arg-type]  # click.Choice checked the literal
                             status_interval_seconds=status_interval, telemetry_window_seconds=telemetry_window,
                             peering=peering, priority=priority, namespace=operator_namespace)
     asyncio.run(run_operator(config, liveness_endpoint=liveness))

@@ -92,7 +92,7 @@ def vllm_serve(request: dict[str, Any]) -> list[dict[str, Any]]:
             try:
                 args = parser.parse_args(["serve", *argv])
                 command.validate(args)
-            except (SystemExit, Exception) as error:  # noqa: BLE001 - the engine's refusal is the answer
+            except (SystemExit, Exception) as error:
                 answers.append({"error": refusal(buffer, error)})
                 continue
         if getattr(args, "model_tag", None) is not None:  # what `vllm serve` does with its positional model
@@ -155,7 +155,7 @@ def lmcache_config(request: dict[str, Any]) -> dict[str, Any]:
         try:
             module = importlib.import_module(module_path)
             plugin["class_found"] = inspect.isclass(getattr(module, class_name, None))
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             plugin["error"] = f"{type(error).__name__}: {error}"
         answer["plugins"][name] = plugin
     return answer
@@ -192,7 +192,7 @@ def lmcache_server(request: dict[str, Any]) -> list[dict[str, Any]]:
                     "storage": parse_args_to_config(args),
                     "observability": parse_args_to_observability_config(args),
                 }
-            except (SystemExit, Exception) as error:  # noqa: BLE001
+            except (SystemExit, Exception) as error:
                 answers.append({"error": refusal(buffer, error)})
                 continue
         answers.append({"args": plain(vars(args)), **{name: plain(config) for name, config in configs.items()}})

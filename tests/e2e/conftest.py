@@ -19,7 +19,7 @@ def pytest_deselected(items):
             item.config.stash.setdefault(_DESELECTED, []).append(item.nodeid)
 
 
-from pytest import StashKey  # noqa: E402
+from pytest import StashKey  # noqa: E402 - after the hooks it serves
 
 _DESELECTED: StashKey[list[str]] = StashKey()
 DESELECTED = _DESELECTED

@@ -39,7 +39,7 @@ def _crd(group: str, rule: dict) -> dict:
 
 
 def test_a_crd_rule_whose_field_path_names_an_undeclared_field_is_refused(cluster):
-    from kvtier.kube import APIError, CUSTOMRESOURCEDEFINITIONS
+    from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, APIError
 
     refused = _crd("refused.example.com", {"rule": "self.size > 0", "fieldPath": ".metadata.name"})
     try:

@@ -22,7 +22,6 @@ from kvtier.kube import (
 from kvtier.render import CONFIG_HASH_ANNOTATION, QUOTA_GATE
 from tests.conftest import EXAMPLES, wait_for
 from tests.e2e.helpers import (
-    TI,
     condition,
     create_deployment,
     create_pool,

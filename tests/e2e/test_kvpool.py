@@ -7,17 +7,17 @@ import concurrent.futures
 
 import pytest
 
-from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, PERSISTENT_VOLUMES, STATEFULSETS
 from kvtier.api.units import parse_quantity
+from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, PERSISTENT_VOLUMES, STATEFULSETS
 from tests.conftest import wait_for
 from tests.e2e.helpers import (
     condition,
-    events,
     create_deployment,
     create_pool,
     csi_pool,
     deployment,
     ensure_sim_storage_class,
+    events,
     get,
     items,
     kubectl,

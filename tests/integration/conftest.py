@@ -13,7 +13,7 @@ import os
 import pathlib
 import subprocess
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import yaml

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from kvtier.testing.apiserver import Cluster, StatusError, ThreadedAPIServer, WriteOptions
 from kvtier.testing.apiserver.core import JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH
 from kvtier.testing.apiserver.openapi import group_version_document
-from kvtier.testing.apiserver.table import table
 from kvtier.testing.apiserver.selectors import parse_field_selector, parse_label_selector
+from kvtier.testing.apiserver.table import table
 
 # Keys the server gives meaning to (patch directives, JSON patch fields, object fields), and noise.
 keys = st.sampled_from([

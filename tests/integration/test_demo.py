@@ -2,8 +2,8 @@
 plot; a cluster that never becomes ready is an error that says so."""
 
 import json
-import signal
 import re
+import signal
 import subprocess
 import sys
 

@@ -6,13 +6,12 @@ import re
 
 import pytest
 import yaml
-
-from kvtier.api.crd import build_crds
 from pydantic import ValidationError
 
+from kvtier.api.cel import validate_rules
+from kvtier.api.crd import build_crds
 from kvtier.api.documents import KINDS
 from kvtier.api.errors import problems
-from kvtier.api.cel import validate_rules
 from tests.conftest import EXAMPLES
 
 POOL = yaml.safe_load((EXAMPLES / "kvpool.yaml").read_text())

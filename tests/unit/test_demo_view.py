@@ -1,7 +1,7 @@
 """`kvtier demo` without a cluster: its manifests validate, its load takes turns, and its view and
 summary render what the operator reports (every field, and none)."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from click.testing import CliRunner
 from rich.console import Console
@@ -117,7 +117,7 @@ def test_the_view_shows_every_reported_field():
     state = snapshot(POOL, [FULL, PARTIAL, BARE], EVENTS)
     chat = state.deployments[0]
     assert chat.quota == 56 << 30 and chat.applied_quota == 32 << 30  # the ledger wins over the applied quota
-    ready_at = datetime(2026, 12, 3, 10, 0, 0, tzinfo=timezone.utc).timestamp()
+    ready_at = datetime(2026, 12, 3, 10, 0, 0, tzinfo=UTC).timestamp()
     text = screen(render(state, Clock("running", 12, 60, 10, busy="chat", hint="Ctrl-C stops", origin=ready_at)))
     for expected in ("1/1", "83.0%", "27.0%", "12.0%", "21.5%", "60.5%", "420ms", "56Gi", "8Gi–64Gi", "30Gi",
                      "capacity 96Gi, allocated 96Gi, available 0", "MarginalGain every 5s",
@@ -150,7 +150,7 @@ def test_the_summary_reports_quota_moves_and_hit_ratios():
         deployment("code", {"kv": {"storage": {"quota": "32Gi"}}}),
     ])
     history = History(speed=10)
-    ready_at = datetime(2026, 12, 3, 10, 0, 0, tzinfo=timezone.utc).timestamp()
+    ready_at = datetime(2026, 12, 3, 10, 0, 0, tzinfo=UTC).timestamp()
     history.add(0, before, busy="chat", at=ready_at)
     history.add(1, snapshot(POOL, [FULL, PARTIAL], EVENTS), busy="chat", at=ready_at + 1)
     history.add(6, snapshot(POOL, [FULL, PARTIAL], EVENTS), busy="chat", at=ready_at + 6)

@@ -6,11 +6,10 @@ import shlex
 
 import kubernetes_validate
 import pytest
-
-from kvtier.api.units import parse_quantity
 import yaml
 
 from kvtier.api import InferenceDeployment, KVPool
+from kvtier.api.units import parse_quantity
 from kvtier.render import (
     CONFIG_HASH_ANNOTATION,
     QUOTA_GATE,
@@ -22,7 +21,7 @@ from kvtier.render import (
     render_deployment,
 )
 from kvtier.render.lmcache import RAW_BLOCK_CLASS, RAW_BLOCK_MODULE
-from tests.conftest import REPO_ROOT, SHARED
+from tests.conftest import SHARED
 
 GiB, TiB = 2**30, 2**40
 KUBERNETES_VERSION = "1.33"

@@ -7,11 +7,11 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from kvtier.rebalance.costmodel import CostModel
 from kvtier.sim.cache import IsolatedLRU, LRUCache
 from kvtier.sim.engine import Engine, EngineParams, Tier
 from kvtier.sim.policies import EqualPolicy, SharedPolicy, run_policy, split_evenly
 from kvtier.sim.replay import Replay, TenantWorkload, percentile
-from kvtier.rebalance.costmodel import CostModel
 from kvtier.sim.scenario import auto_replicas, load_scenario
 from kvtier.sim.trace import Request
 from tests.conftest import SHARED

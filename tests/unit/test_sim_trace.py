@@ -60,6 +60,6 @@ def test_a_malformed_record_names_file_and_line(tmp_path, line):
 def test_bad_arguments(tmp_path):
     trace = _write(tmp_path / "t.jsonl", [])
     with pytest.raises(ValueError):
-        list(iter_trace(trace, timestamp_unit="us"))  # type: ignore[arg-type]
+        list(iter_trace(trace, timestamp_unit="us"))  # type: ignore[arg-type]  # an unknown unit on purpose
     with pytest.raises(ValueError):
         list(iter_trace(trace, namespace=-1))

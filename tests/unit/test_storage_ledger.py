@@ -1,6 +1,6 @@
 """The pool ledger never hands out more than the pool holds, admits in order, and binds namespaces once."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,7 +11,7 @@ from kvtier.storage.ledger import MAX_PASS_OVER, Claim, admit, allocated, reclai
 
 TI = 2**40
 GI = 2**30
-T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def csi_pool(capacity=10 * TI):

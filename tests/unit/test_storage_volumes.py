@@ -60,7 +60,7 @@ def test_min_le_quota_le_max_for_any_ledger_quota(backend, quota_gi):
 def test_a_static_round_sees_no_move_when_every_quota_is_its_request():
     """The Static round compared the ledger's 10Gi with a 9728Mi cap and 'moved' every deployment each round."""
     from kvtier.api.kvpool import Allocation, KVPoolStatus
-    from kvtier.controllers.rebalancing import _members
+    from kvtier.rebalance.round import members as round_members
 
     kv_pool = pool(POOLS["hostPath"])
     bodies = []
@@ -71,6 +71,6 @@ def test_a_static_round_sees_no_move_when_every_quota_is_its_request():
         body["metadata"].update(name=f"d{i}", namespace="ml", uid=f"u{i}")
         bodies.append(body)
         allocations.append(Allocation(namespace="ml", name=f"d{i}", uid=f"u{i}", replicas=1, quota=10 * GI))
-    members = _members(kv_pool, KVPoolStatus(allocations=allocations), bodies)
+    members = round_members(kv_pool, KVPoolStatus(allocations=allocations), bodies)
     assert len(members) == 10
     assert all(m.cap == m.request == m.quota == 10 * GI for m in members)

@@ -147,7 +147,7 @@ def test_series_limit_stops_and_reports():
 
 def test_not_a_page():
     assert parse_exposition(None).problems[0].message == "empty page"
-    assert parse_exposition(12).problems[0].message == "not a page: int"  # type: ignore[arg-type]
+    assert parse_exposition(12).problems[0].message == "not a page: int"  # type: ignore[arg-type]  # garbage on purpose
 
 
 def test_pathological_input_is_linear():

@@ -1,6 +1,6 @@
 """status.kv, MetricsAvailable and alert Events from deployment summaries."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -18,7 +18,7 @@ SUMMARY = Summary(replicas=2, hbm_watermark_mean=0.4567891, hbm_watermark_max=0.
 
 
 def test_kv_status_is_rounded_valid_and_leaves_the_quota_to_the_reconcile():
-    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
     kv = kv_status(SUMMARY, at)
     assert kv["hbmWatermark"] == 0.4568 and kv["hbmWatermarkMax"] == 0.9
     assert kv["hitRatio"] == {"hbm": 0.5, "cpu": 0.1, "storage": 0.2, "total": 0.8}
@@ -82,7 +82,7 @@ def test_a_watermark_that_stays_high_is_reported_once_and_its_end_too():
 
 def test_a_falling_hit_ratio_is_reported_against_its_peak():
     alerts = Alerts(AlertRules(hit_ratio_drop=0.2))
-    at = lambda total, stale=None: Summary(replicas=1, hit_ratio=HitRatio(total=total), stale=stale)  # noqa: E731
+    at = lambda total, stale=None: Summary(replicas=1, hit_ratio=HitRatio(total=total), stale=stale)  # noqa: E731 - a one-line factory reads best as a lambda
     assert alerts.observe(0, at(0.5)) == [] and alerts.observe(1, at(0.7)) == []
     assert alerts.observe(2, at(0.55)) == []
     assert alerts.observe(3, at(0.1, stale="replica x: no sample")) == []  # stale numbers say nothing

@@ -58,7 +58,7 @@ def _as_integer(quantity: KubernetesQuantity) -> celtypes.IntType:
     return celtypes.IntType(int(quantity.value))
 
 
-KUBERNETES_FUNCTIONS = {
+KUBERNETES_FUNCTIONS: dict[str, Any] = {  # celpy's own annotation of functions is narrower than it accepts
     "quantity": _quantity,
     "isQuantity": _is_quantity,
     "compareTo": _compare,
@@ -123,7 +123,7 @@ def validate_rules(
             if old is not None:
                 activation["oldSelf"] = celpy.json_to_cel(old)
             result = compile_rule(rule).evaluate(activation)
-        except Exception as error:  # noqa: BLE001 - any evaluation failure rejects, like the API server
+        except Exception as error:
             failures.append(RuleFailure(field, f"rule evaluation error: {rule}: {_describe(error)}"))
             continue
         if isinstance(result, celpy.CELEvalError):

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
-from typing import Annotated, Any, Literal
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer
 from pydantic.alias_generators import to_camel
 
 GROUP = "kvtier.io"
 VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+API_VERSION: Final = "kvtier.io/v1alpha1"  # spelled out so the models' Literal types check
+assert API_VERSION == f"{GROUP}/{VERSION}"
 
 #: RFC 1123 label / subdomain, as Kubernetes checks names.
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -21,8 +22,8 @@ _DNS_SUBDOMAIN_RE = re.compile(DNS_SUBDOMAIN_PATTERN)
 
 def _rfc3339(value: datetime) -> str:
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 #: A point in time, written the way Kubernetes writes timestamps (`2026-12-02T17:00:00Z`).

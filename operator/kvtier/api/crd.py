@@ -84,7 +84,7 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     schema = _resolve(raw, raw.pop("$defs", {}))
     properties = schema["properties"]
     properties["apiVersion"] = {"type": "string", "description": API_VERSION}
-    properties["kind"] = {"type": "string", "description": model.KIND}  # type: ignore[attr-defined]
+    properties["kind"] = {"type": "string", "description": model.KIND}  # type: ignore[attr-defined]  # every kind declares KIND
     # kube-apiserver refuses anything on metadata but `type` and the name/generateName properties (no description).
     properties["metadata"] = {"type": "object"}
     name_limit = getattr(model, "MAX_NAME_LENGTH", None)

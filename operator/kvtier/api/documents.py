@@ -25,9 +25,9 @@ from pydantic import BaseModel, ValidationError
 
 from kvtier.api.common import API_VERSION, GROUP
 from kvtier.api.errors import Problem, problems
-from kvtier.api.schema import RULES_NOT_CHECKED, metadata_errors, process_custom
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool
+from kvtier.api.schema import RULES_NOT_CHECKED, metadata_errors, process_custom
 
 _GO_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
 _GO_INT = re.compile(r"^[-+]?(0b[01]+|0o?[0-7]+|0x[0-9a-fA-F]+|[0-9]+)$")
@@ -184,7 +184,9 @@ class Document:
         """`KIND/NAME` as kubectl prints it, or the document's position when those are missing."""
         body = self.body if isinstance(self.body, dict) else {}
         kind = body.get("kind") or "<no kind>"
-        metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+        metadata = body.get("metadata")
+        if not isinstance(metadata, dict):
+            metadata = {}
         name = metadata.get("name") or f"<document {self.index + 1}>"
         return f"{kind}/{name}"
 

@@ -19,7 +19,9 @@ import copy
 import ipaddress
 import re
 import urllib.parse
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
+
 
 class FieldError:
     """One invalid field, rendered the way apimachinery's `field.Error` prints."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 import time
 from collections import OrderedDict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from kvtier.controllers.conditions import transitions
@@ -50,7 +50,7 @@ async def post_event(kube: KubeClient, body: Any, kind: str, reason: str, messag
     key = (metadata.get("uid") or f"{metadata.get('namespace')}/{metadata['name']}", kind, reason, message)
     if not _first_in_a_while(key):
         return
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     event = {
         "apiVersion": "v1",
         "kind": "Event",

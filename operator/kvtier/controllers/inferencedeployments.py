@@ -13,7 +13,7 @@ gives them back to its pool, which wipes or retains them (`controllers.reclaim`)
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
@@ -32,7 +32,6 @@ from kvtier.controllers.volumes import claims_of, expand_claims, keep_claim_temp
 from kvtier.kube import (
     CONFIGMAPS,
     INFERENCEDEPLOYMENTS,
-    KVPOOLS,
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
     PODDISRUPTIONBUDGETS,
@@ -86,7 +85,7 @@ class Pass:
         self.status: dict[str, Any] = {"observedGeneration": self.generation}
 
     def condition(self, kind: str, status: str, reason: str, message: str = "") -> None:
-        self.conditions = set_condition(self.conditions, kind, status, reason, message, self.generation)  # type: ignore[arg-type]
+        self.conditions = set_condition(self.conditions, kind, status, reason, message, self.generation)  # type: ignore[arg-type]  # callers pass True/False/Unknown
 
     def stop(self, reason: str, message: str, *, degraded: bool = True) -> Stop:
         """Not ready, for `reason`; a spec or cluster problem (degraded) or a wait."""
@@ -118,7 +117,7 @@ async def claim_storage(kube: KubeClient, deployment: InferenceDeployment, body:
         pool, _ = await update_pool_status(kube, storage.pool_ref, change)
     except PoolGone:
         step.condition("StorageBound", "False", "PoolNotFound", f"KVPool {storage.pool_ref} does not exist")
-        raise step.stop("PoolNotFound", f"KVPool {storage.pool_ref} does not exist (spec.kvCache.storage.poolRef)")
+        raise step.stop("PoolNotFound", f"KVPool {storage.pool_ref} does not exist (spec.kvCache.storage.poolRef)") from None
     except InvalidSpec as error:
         step.condition("StorageBound", "False", "PoolInvalid", f"KVPool {storage.pool_ref}: {error}")
         raise step.stop("PoolInvalid", f"KVPool {storage.pool_ref} is invalid: {error}") from None
@@ -336,4 +335,4 @@ def _false_for(conditions: list[dict[str, Any]], kind: str) -> float:
     if condition is None or condition.get("status") != "False" or not condition.get("lastTransitionTime"):
         return 0.0
     since = datetime.fromisoformat(condition["lastTransitionTime"].replace("Z", "+00:00"))
-    return max(0.0, (datetime.now(timezone.utc) - since).total_seconds())
+    return max(0.0, (datetime.now(UTC) - since).total_seconds())

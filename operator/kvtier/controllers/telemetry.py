@@ -131,7 +131,7 @@ class TelemetryLoop:
                         await self.cycle(scraper, prometheus)
                     except asyncio.CancelledError:
                         raise
-                    except Exception:  # noqa: BLE001 - one bad cycle must not end telemetry
+                    except Exception:
                         log.exception("telemetry cycle failed")
                     self.cycles += 1
                     await asyncio.sleep(max(0.0, self.config.scrape_interval_seconds - (time.monotonic() - started)))
@@ -263,7 +263,7 @@ class TelemetryLoop:
         if not (condition_moved or kv_moved):
             return
         metadata = body["metadata"]
-        status: dict[str, Any] = {"conditions": set_condition(conditions, CONDITION, *condition,  # type: ignore[arg-type]
+        status: dict[str, Any] = {"conditions": set_condition(conditions, CONDITION, *condition,  # type: ignore[arg-type]  # (status, reason, message) as the report builds it
                                                               generation=metadata.get("generation"))}
         if kv_moved:
             assert summary is not None

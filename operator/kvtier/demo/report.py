@@ -274,10 +274,9 @@ def plot_figure(history: History) -> Figure:
     against the capacity), what the quota buys (tokens per second each storage tier serves), and hit ratios
     (all tiers, and the storage tier's share). Busy spans are shaded in the busy deployment's colour, quota
     changes drawn as dotted lines."""
+    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
-
-    from matplotlib.figure import Figure
 
     figure = Figure(figsize=(13, 10), layout="constrained")
     quota_axes, served_axes, hit_axes = figure.subplots(3, 1, sharex=True, height_ratios=(1, 1, 1.1))

@@ -73,7 +73,7 @@ class Probe:
             self.poll()
         except OSError as error:
             log.warning("cannot read the lookup-hash log in %s: %s", self.tailer.directory, error)
-        except Exception:  # noqa: BLE001 - a sidecar must not die of one bad read
+        except Exception:
             log.exception("reading the lookup-hash log in %s failed", self.tailer.directory)
 
 

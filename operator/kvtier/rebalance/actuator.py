@@ -81,7 +81,7 @@ async def set_quota(http: aiohttp.ClientSession, address: str, port: int, quota_
             confirmed = await reply.json()
         if abs(float(confirmed.get("limit_gb", -1)) - limit) >= GIB_TOLERANCE:
             return f"GET {url} reads limit_gb={confirmed.get('limit_gb')} after setting {limit}"
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as error:
         return f"{url}: {error or type(error).__name__}"
     return None
 

@@ -207,7 +207,7 @@ Segment = tuple[float, int, str, int]
 
 def _hull_segments(demands: Mapping[str, Demand]) -> dict[str, list[Segment]]:
     """Each deployment's hull segments above its minimum that gain: ``(-gain per unit, rank, name, units)``."""
-    segments = {}
+    segments: dict[str, list[Segment]] = {}
     for rank, name in enumerate(sorted(demands)):
         demand = demands[name]
         values = demand._values

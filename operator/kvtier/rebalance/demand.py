@@ -62,12 +62,10 @@ def probe_reading_of(snapshot: Snapshot, time: float) -> ProbeReading | None:
 
 def counter_reading_of(snapshot: Snapshot, time: float, unit_bytes: int) -> CounterReading | None:
     """The LMCache counters and quota of a scraped replica, or None when any is missing."""
-    values = (snapshot.lmcache_requested, snapshot.lmcache_hit_l2, snapshot.storage_quota_bytes)
-    if any(value is None for value in values):
+    requested, hits, quota = snapshot.lmcache_requested, snapshot.lmcache_hit_l2, snapshot.storage_quota_bytes
+    if requested is None or hits is None or quota is None:
         return None
-    requested, hits, quota = values
-    return CounterReading(time, int(quota // unit_bytes), requested, hits,  # type: ignore[operator,arg-type]
-                          snapshot.lmcache_lookups or 0.0)
+    return CounterReading(time, int(quota // unit_bytes), requested, hits, snapshot.lmcache_lookups or 0.0)
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,8 @@ def decide(
 ) -> Decision:
     """One round for a pool of ``capacity`` units; ``last_move`` is the time of its last applied move."""
     current = {name: state.current for name, state in deployments.items()}
-    cooling = last_move is not None and now - last_move < settings.cooldown_seconds
+    since_move = math.inf if last_move is None else now - last_move
+    cooling = since_move < settings.cooldown_seconds
     if settings.policy == "Static":
         proposed = {name: state.current if state.request_units is None else state.request_units
                     for name, state in deployments.items()}
@@ -180,7 +181,7 @@ def decide(
                             reason="dry run: policy Static would bring every deployment back to its request")
         if changes and cooling:
             return Decision("cooldown", current, proposed, changes, 0.0, 0.0, 0.0, moved_units=moved,
-                            reason=f"policy Static, but the pool moved {now - last_move:g}s ago")  # type: ignore[operator]
+                            reason=f"policy Static, but the pool moved {since_move:g}s ago")
         return Decision("static", proposed, proposed, changes, 0.0, 0.0, 0.0,
                         reason="policy Static: every deployment at its request", moved_units=moved)
     frozen = tuple(sorted(name for name, state in deployments.items() if state.frozen))
@@ -196,7 +197,7 @@ def decide(
     now_active = {name: state.current for name, state in active.items()}
     demands = _demands(active, step, settings.interval_seconds * WARMUP_HORIZON_INTERVALS)
     if settings.policy == "Proportional":
-        shares = {name: state.weight * state.estimate.access_tokens_per_second  # type: ignore[union-attr]
+        shares = {name: state.weight * state.estimate.access_tokens_per_second  # type: ignore[union-attr]  # active ones have one
                   for name, state in active.items()}
         full = proportional_split(shares, free, {name: (d.min_units, d.max_units) for name, d in demands.items()})
     else:
@@ -226,8 +227,8 @@ def decide(
     if not changes or (gain < settings.min_gain and not deficit):
         return decision("below-min-gain", f"{judged}, below minGain {settings.min_gain:g}")
     if cooling:
-        wait = settings.cooldown_seconds - (now - last_move)  # type: ignore[operator]
-        return decision("cooldown", f"{judged}, but the pool moved {now - last_move:g}s ago (cooldown {wait:g}s left)")
+        wait = settings.cooldown_seconds - since_move
+        return decision("cooldown", f"{judged}, but the pool moved {since_move:g}s ago (cooldown {wait:g}s left)")
     summary = f"{len(changes)} quota changes, {moved} units, {judged}"
     if settings.dry_run:
         return decision("dry-run", f"dry run: would make {summary}")
@@ -244,7 +245,7 @@ def _demands(active: Mapping[str, DeploymentState], step: int, horizon: float) -
         high = state.current + math.floor(estimate.confidence * step)
         if state.max_units is not None:
             high = min(high, state.max_units)
-        curve = estimate.curve
+        curve: Sequence[float] = estimate.curve
         if state.unit_tokens:
             held = curve[min(state.current, len(curve) - 1)]
             fill = max(0.0, estimate.access_tokens_per_second - held) / state.unit_tokens

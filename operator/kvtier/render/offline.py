@@ -44,7 +44,8 @@ def render_documents(documents: Iterable[Document], options: RenderOptions | Non
         result.messages += document.lines()
         result.failed |= bool(document.problems)
     valid = [document for document in documents if document.model is not None and not document.problems]
-    pools = {doc.model.metadata.name: doc.model for doc in valid if isinstance(doc.model, KVPool)}
+    # Parsed models always carry a name (the schema requires one); `or ""` only satisfies the type.
+    pools = {doc.model.metadata.name or "": doc.model for doc in valid if isinstance(doc.model, KVPool)}
     taken: dict[str, set[str]] = defaultdict(set)
     for document in valid:
         if isinstance(document.model, InferenceDeployment):
@@ -72,11 +73,11 @@ def _render_one(
         missing = f"KVPool {storage.pool_ref} is not in the files: rendered without the storage tier"
         result.messages.append(prefix + missing)
     try:
-        binding = default_binding(deployment, pool, taken[pool.metadata.name]) if pool is not None else None
+        binding = default_binding(deployment, pool, taken[pool.metadata.name or ""]) if pool is not None else None
         result.objects += render_deployment(deployment, pool, options, binding)
     except RenderError as error:
         result.messages.append(f"{prefix}{error.reason}: {error}")
         result.failed = True
         return
     if pool is not None and binding is not None:
-        taken[pool.metadata.name] |= {ns.uuid for ns in binding.namespaces}
+        taken[pool.metadata.name or ""] |= {ns.uuid for ns in binding.namespaces}

@@ -19,6 +19,7 @@ from kvtier.render.meta import cluster_labels, name_of, namespace_of
 from kvtier.storage import Attachment, HostPathBackend, NVMeoFBackend, StorageBackend, backend_for, claim_name
 from kvtier.storage.base import BLOCK_ALIGN, align_down, align_up  # noqa: F401 - render's alignment is storage's
 
+
 @dataclass(frozen=True)
 class StorageBinding:
     """What the pool's ledger granted one deployment."""

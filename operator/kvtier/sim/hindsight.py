@@ -121,8 +121,8 @@ class HindsightPool(IsolatedLRU):
 
     __slots__ = ()
 
-    def partition(self, salt: str) -> DepthPartition:  # type: ignore[override]
+    def partition(self, salt: str) -> DepthPartition:  # type: ignore[override]  # a depth-aware partition
         cache = self._partitions.get(salt)
         if cache is None:
-            cache = self._partitions[salt] = DepthPartition(self._quotas.get(salt, 0))  # type: ignore[assignment]
+            cache = self._partitions[salt] = DepthPartition(self._quotas.get(salt, 0))  # type: ignore[assignment]  # a subclass of the base's
         return cache

@@ -57,8 +57,8 @@ from typing import Any
 import click
 
 from kvtier.probe.options import ProbeOptions
-from kvtier.sim.engine import EngineParams
 from kvtier.probe.service import start_probe
+from kvtier.sim.engine import EngineParams
 from kvtier.sim.server import SimServer, open_lookup_log, start_sim
 from kvtier.sim.settings import SERVE_DEFAULTS, TraceLoad, settings_from_env
 

@@ -18,7 +18,6 @@ from typing import ClassVar
 from kvtier.probe.demand import DemandProbe
 from kvtier.probe.options import ProbeOptions
 from kvtier.rebalance.allocator import Demand, allocate, apportion, moved_units
-
 from kvtier.rebalance.demand import HALF_LIFE_INTERVALS
 from kvtier.rebalance.estimator import CounterReading, DemandEstimator, probe_reading
 from kvtier.rebalance.loop import Decision, DeploymentState, LoopSettings, decide

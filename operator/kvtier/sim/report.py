@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvtier.sim.engine import Tier
 from kvtier.rebalance.loop import Decision
+from kvtier.sim.engine import Tier
 from kvtier.sim.policies import KvtierPolicy, SharedPolicy, Timeline, build_policies, run_policy
 from kvtier.sim.replay import ReplayResult
 from kvtier.sim.scenario import Scenario, ScenarioTenant

@@ -261,7 +261,8 @@ def repair(pool: KVPool, status: KVPoolStatus, claims: Mapping[str, Claim | None
     BelowMinimum reason says so.
     """
     repairs: list[str] = []
-    gone = {e.uid: e for e in [*status.allocations, *status.waiting] if e.uid not in claims}
+    named: list[Allocation | WaitingDeployment] = [*status.allocations, *status.waiting]
+    gone = {e.uid: e for e in named if e.uid not in claims}
     for uid, entry in gone.items():
         repairs.append(f"released {entry.namespace}/{entry.name}: the deployment is gone or names another pool")
         status = release(pool, status, uid)

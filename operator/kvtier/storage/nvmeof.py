@@ -77,7 +77,7 @@ class NVMeoFBackend(StorageBackend):
         if self.spec.auth is not None and self.spec.driver != NVMF_DRIVER:
             ref = self.spec.auth.secret_ref
             csi["nodeStageSecretRef"] = {"name": ref.name, "namespace": ref.namespace}
-        pool = self.pool.metadata.name
+        pool = self.pool.metadata.name or ""  # a parsed pool always has its name; this satisfies the type
         return {
             "apiVersion": "v1",
             "kind": "PersistentVolume",

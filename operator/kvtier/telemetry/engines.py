@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from kvtier.api.units import GIB
 from kvtier.probe.demand import STACK_DISTANCE_BYTES, STACK_DISTANCE_CHUNKS
@@ -273,7 +273,7 @@ def quota_usage(quota: Any) -> tuple[float | None, float | None]:
         if not isinstance(entry, Mapping):
             return None, None
         entry_limit, entry_used = entry.get("limit_gb"), entry.get("current_usage_gb")
-        if not all(_is_size(value) for value in (entry_limit, entry_used)):
+        if not (_is_size(entry_limit) and _is_size(entry_used)):
             return None, None
         used += entry_used
         if entry.get("exists", True):
@@ -282,7 +282,7 @@ def quota_usage(quota: Any) -> tuple[float | None, float | None]:
     return (limit * GIB if limits else None), used * GIB
 
 
-def _is_size(value: Any) -> bool:
+def _is_size(value: Any) -> TypeGuard[float]:
     return type(value) in (int, float) and math.isfinite(value) and value >= 0
 
 

@@ -158,7 +158,7 @@ def parse_exposition(
             problems.append(Problem(0, f"page of {size} bytes is over the limit of {max_bytes}: read the first "
                                        f"{max_bytes} (up to the last full line)"))
         _parse_lines(_decode(body, problems), page, max_series)
-    except Exception as error:  # noqa: BLE001 - a guard: the contract is "never raises"
+    except Exception as error:
         problems.append(Problem(0, f"parser error: {type(error).__name__}: {error}"))
     return page
 
@@ -189,8 +189,9 @@ def _parse_lines(text: str, page: Page, max_series: int) -> None:
         name, label_text, value_text, timestamp_text = match.groups()
         if label_text is None:
             label_text = ""
-        parsed = label_cache.get(label_text, False)
-        if parsed is False:
+        if label_text in label_cache:
+            parsed = label_cache[label_text]
+        else:
             parsed = label_cache[label_text] = _labels(label_text)
         if parsed is None:
             problems.append(Problem(number, f"malformed labels in {name}"))

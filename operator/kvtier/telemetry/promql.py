@@ -189,10 +189,11 @@ def summary_from_results(
             stale=stale,
         )
     summary = summarise(windows, expected=expected)
-    quantiles = {}
+    quantiles: dict[str, float | None] = {}
     for name in _QUANTILES:
         samples = answers.get(name, ([], None))[0]
         finite = [value for _, value in samples if math.isfinite(value)]
         quantiles[name] = finite[0] if len(finite) == 1 else None
     stale = "; ".join(filter(None, [summary.stale, *errors])) or None
-    return replace(summary, stale=stale, **quantiles)
+    return replace(summary, stale=stale, ttft_p50_seconds=quantiles["ttft_p50_seconds"],
+                   ttft_p99_seconds=quantiles["ttft_p99_seconds"])

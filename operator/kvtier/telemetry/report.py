@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from kvtier.api.units import counted, format_quantity
@@ -69,7 +69,7 @@ def kv_status(summary: Summary, sampled_at: datetime | None = None) -> dict[str,
         "promptTokensPerSecond": _round(summary.prompt_tokens_per_second),
         "storage": {"used": format_quantity(int(used))} if used is not None and math.isfinite(used) else None,
         "demand": demand_points(summary),
-        "sampledAt": (sampled_at or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "sampledAt": (sampled_at or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "shown": _drop_none({
             "hbmWatermark": percent(_ratio(summary.hbm_watermark_mean)),
             "hitRatio": percent(_ratio(hit.total)),

@@ -138,7 +138,7 @@ class Scraper:
                         raise ScrapeError("too_large", f"body over {self.max_bytes} bytes")
                     chunks.append(chunk)
                 return b"".join(chunks)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ScrapeError("timeout", f"no answer within {self.timeout:g}s") from None
         except (aiohttp.ClientConnectorError, ConnectionRefusedError) as error:
             raise ScrapeError("refused", str(error) or type(error).__name__) from None

@@ -166,7 +166,7 @@ class TargetIndex:
                     version = None
                 failures += 1
                 log.warning("pod watch (%s): %s", namespace or "all namespaces", error)
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as error:
+            except (TimeoutError, aiohttp.ClientError, ValueError) as error:
                 failures += 1
                 log.warning("pod watch (%s): %s", namespace or "all namespaces", error)
             if failures:

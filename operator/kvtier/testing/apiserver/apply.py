@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import StatusError
 from .patch import MERGE_KEYS

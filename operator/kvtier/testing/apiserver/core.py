@@ -66,7 +66,7 @@ _SERVER_FINALIZERS = ("orphan", "foregroundDeletion")
 
 
 def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -442,9 +442,9 @@ class Cluster:
     def _metadata_errors(rt: ResourceType, meta: dict[str, Any]) -> list[FieldError]:
         problems = name_errors(meta["name"], label=rt.storage_key == _NS_KEY) if meta.get("name") else [
             FieldError("metadata.name", "Required value", "name or generateName is required")]
-        for key, value in (meta.get("labels") or {}).items():
+        for value in (meta.get("labels") or {}).values():
             if isinstance(value, str) and (len(value) > 63 or not re.match(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", value)):
-                problems.append(FieldError(f"metadata.labels", "Invalid value", "a valid label must be an empty string "
+                problems.append(FieldError("metadata.labels", "Invalid value", "a valid label must be an empty string "
                                            "or consist of alphanumeric characters, '-', '_' or '.'", value))
         return problems
 

@@ -7,7 +7,8 @@ workload templates), containers, services, workloads, volumes and claims.  Value
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _container(container: dict[str, Any]) -> None:

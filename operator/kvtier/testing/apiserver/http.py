@@ -392,7 +392,7 @@ class APIHandler:
                     continue
                 try:
                     item = await asyncio.wait_for(watcher.queue.get(), wait)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue
                 chunks = []
                 while item is not None:

@@ -8,7 +8,8 @@ Columns with priority 1 only show with `kubectl get -o wide`.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Cell = Callable[[dict[str, Any]], Any]
 
@@ -50,7 +51,7 @@ def age(value: Any) -> str | None:
         when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return human_duration((dt.datetime.now(dt.timezone.utc) - when).total_seconds())
+    return human_duration((dt.datetime.now(dt.UTC) - when).total_seconds())
 
 
 def _get(obj: Any, *path: str) -> Any:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from aiohttp import web
@@ -62,7 +63,7 @@ class APIServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    async def start(self) -> "APIServer":
+    async def start(self) -> APIServer:
         self.cluster.start()
         # handler_cancellation: a client that goes away ends its watch (and frees the watcher) at once.
         self._runner = web.AppRunner(self._handler.app(), handle_signals=False, access_log=None, shutdown_timeout=1.0,
@@ -82,7 +83,7 @@ class APIServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def __aenter__(self) -> "APIServer":
+    async def __aenter__(self) -> APIServer:
         return await self.start()
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -135,7 +136,7 @@ class ThreadedAPIServer:
     def cluster(self) -> Cluster:
         return self.server.cluster
 
-    def start(self) -> "ThreadedAPIServer":
+    def start(self) -> ThreadedAPIServer:
         started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._loop = asyncio.new_event_loop()
 
@@ -178,7 +179,7 @@ class ThreadedAPIServer:
     def close_watches(self, resource: str | None = None, group: str | None = None) -> int:
         return self.call(self.server.close_watches, resource, group)
 
-    def __enter__(self) -> "ThreadedAPIServer":
+    def __enter__(self) -> ThreadedAPIServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

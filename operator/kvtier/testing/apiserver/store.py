@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 Key = tuple[str, str]  # (namespace or "", name)
 
@@ -28,7 +29,7 @@ class Stored:
     rv: int
 
     @classmethod
-    def of(cls, obj: dict[str, Any], rv: int) -> "Stored":
+    def of(cls, obj: dict[str, Any], rv: int) -> Stored:
         return cls(obj, encode(obj), rv)
 
 

@@ -150,7 +150,7 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
             try:
                 async for _ in self.kube.watch(resource, timeout_seconds=60):
                     self._wake.set()
-            except (APIError, aiohttp.ClientError, asyncio.TimeoutError) as error:
+            except (TimeoutError, APIError, aiohttp.ClientError) as error:
                 log.debug("pod simulator watch of %s ended: %s", resource.plural, error)
                 await asyncio.sleep(0.5)
 

@@ -16,7 +16,7 @@ import aiohttp
 from kvtier.kube import NODES, PODS, APIError, KubeClient
 from kvtier.testing.engines import EngineFactory, RunningEngine
 from kvtier.testing.podsim.nodes import NodeSpec
-from kvtier.testing.podsim.objects import pod_condition, isolated, now
+from kvtier.testing.podsim.objects import isolated, now, pod_condition
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class Kubelet:
         try:
             async with self._http.get(f"http://{address}:{port}{http_get.get('path', '/')}") as reply:
                 return 200 <= reply.status < 400
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             return False
 
     async def _update_pod_status(self, pod: dict[str, Any]) -> None:
