@@ -27,6 +27,24 @@ def test_a_scheduled_pod_is_deleted_gracefully_and_goes_once_its_kubelet_stops_i
     wait_for(lambda: get(cluster, PODS, namespace, "graceful") is None, timeout=30, message="the pod gone")
 
 
+def test_a_pod_on_a_node_is_deleted_gracefully_an_unscheduled_one_at_once(cluster, namespace):
+    """A pod bound to a node gets `deletionTimestamp` and the grace period and stays until it is deleted with grace
+    0 (what its kubelet does once the containers stopped); a pod no scheduler bound goes at once."""
+    def pod(name, **spec):
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+                "spec": {"containers": [{"name": "c", "image": "busybox:1"}], **spec}}
+
+    cluster.run(cluster.kube.create(PODS, pod("bound", nodeName="node-without-a-kubelet")))
+    cluster.run(cluster.kube.create(PODS, pod("pending", schedulerName="no-such-scheduler")))
+    cluster.run(cluster.kube.delete(PODS, namespace, "pending"))
+    assert get(cluster, PODS, namespace, "pending") is None
+    cluster.run(cluster.kube.delete(PODS, namespace, "bound"))
+    terminating = get(cluster, PODS, namespace, "bound")
+    assert terminating["metadata"]["deletionGracePeriodSeconds"] == 30 and terminating["metadata"]["deletionTimestamp"]
+    cluster.run(cluster.kube.delete(PODS, namespace, "bound", grace_period_seconds=0))
+    wait_for(lambda: get(cluster, PODS, namespace, "bound") is None, timeout=10, message="the pod gone")
+
+
 def _crd(group: str, rule: dict) -> dict:
     schema = {"type": "object", "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer"}},
                                                         "x-kubernetes-validations": [rule]}}}
