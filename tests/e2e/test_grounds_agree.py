@@ -69,3 +69,17 @@ def test_a_crd_rule_whose_field_path_names_an_undeclared_field_is_refused(cluste
         raise AssertionError("the CRD was accepted")
     accepted = _crd("accepted.example.com", {"rule": "self.size > 0", "fieldPath": ".size"})
     cluster.run(cluster.kube.request("POST", CUSTOMRESOURCEDEFINITIONS.path(), accepted, params={"dryRun": "All"}))
+
+
+def test_a_crd_whose_default_fails_its_own_rule_is_refused(cluster):
+    """(kvtier's `kvCache: {}` default once failed its `cpu is required` rule: the real API server refused the CRD.)"""
+    from kvtier.kube import APIError, CUSTOMRESOURCEDEFINITIONS
+
+    crd = _crd("defaults.example.com", {"rule": "has(self.size)", "message": "size is required"})
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["default"] = {}
+    try:
+        cluster.run(cluster.kube.request("POST", CUSTOMRESOURCEDEFINITIONS.path(), crd, params={"dryRun": "All"}))
+    except APIError as error:
+        assert error.status == 422 and "default" in str(error) and "size is required" in str(error), error
+    else:
+        raise AssertionError("the CRD was accepted")
