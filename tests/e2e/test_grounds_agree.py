@@ -27,6 +27,24 @@ def test_a_scheduled_pod_is_deleted_gracefully_and_goes_once_its_kubelet_stops_i
     wait_for(lambda: get(cluster, PODS, namespace, "graceful") is None, timeout=30, message="the pod gone")
 
 
+def test_a_pod_on_a_node_is_deleted_gracefully_an_unscheduled_one_at_once(cluster, namespace):
+    """A pod bound to a node gets `deletionTimestamp` and the grace period and stays until it is deleted with grace
+    0 (what its kubelet does once the containers stopped); a pod no scheduler bound goes at once."""
+    def pod(name, **spec):
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+                "spec": {"containers": [{"name": "c", "image": "busybox:1"}], **spec}}
+
+    cluster.run(cluster.kube.create(PODS, pod("bound", nodeName="node-without-a-kubelet")))
+    cluster.run(cluster.kube.create(PODS, pod("pending", schedulerName="no-such-scheduler")))
+    cluster.run(cluster.kube.delete(PODS, namespace, "pending"))
+    assert get(cluster, PODS, namespace, "pending") is None
+    cluster.run(cluster.kube.delete(PODS, namespace, "bound"))
+    terminating = get(cluster, PODS, namespace, "bound")
+    assert terminating["metadata"]["deletionGracePeriodSeconds"] == 30 and terminating["metadata"]["deletionTimestamp"]
+    cluster.run(cluster.kube.delete(PODS, namespace, "bound", grace_period_seconds=0))
+    wait_for(lambda: get(cluster, PODS, namespace, "bound") is None, timeout=10, message="the pod gone")
+
+
 def _crd(group: str, rule: dict) -> dict:
     schema = {"type": "object", "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer"}},
                                                         "x-kubernetes-validations": [rule]}}}
@@ -70,3 +88,17 @@ def test_a_crd_whose_metadata_schema_says_more_than_name_and_generate_name_is_re
     accepted["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"] = {
         "type": "object", "properties": {"name": {"type": "string", "maxLength": 20, "description": "at most 20"}}}
     cluster.run(cluster.kube.request("POST", CUSTOMRESOURCEDEFINITIONS.path(), accepted, params={"dryRun": "All"}))
+
+
+def test_a_crd_whose_default_fails_its_own_rule_is_refused(cluster):
+    """(kvtier's `kvCache: {}` default once failed its `cpu is required` rule: the real API server refused the CRD.)"""
+    from kvtier.kube import APIError, CUSTOMRESOURCEDEFINITIONS
+
+    crd = _crd("defaults.example.com", {"rule": "has(self.size)", "message": "size is required"})
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["default"] = {}
+    try:
+        cluster.run(cluster.kube.request("POST", CUSTOMRESOURCEDEFINITIONS.path(), crd, params={"dryRun": "All"}))
+    except APIError as error:
+        assert error.status == 422 and "default" in str(error) and "size is required" in str(error), error
+    else:
+        raise AssertionError("the CRD was accepted")

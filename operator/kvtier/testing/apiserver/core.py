@@ -471,6 +471,15 @@ class Cluster:
             finalizers.append(extra)
         if dry_run:
             return obj
+        grace = self._grace_seconds(rt, obj, options)
+        if grace:  # a running pod: its kubelet stops it, then deletes it with grace 0
+            if meta.get("deletionTimestamp") and grace >= meta.get("deletionGracePeriodSeconds", grace):
+                return obj
+            new = copy.deepcopy(obj)
+            new["metadata"].update(deletionTimestamp=now(), deletionGracePeriodSeconds=grace)
+            if finalizers:
+                new["metadata"]["finalizers"] = finalizers
+            return self.store.put(rt.storage_key, new).obj
         if not finalizers and not self._has_cleanup(rt):
             return self._remove(rt, obj, obj)
         if meta.get("deletionTimestamp"):
@@ -485,6 +494,19 @@ class Cluster:
         stored = self.store.put(rt.storage_key, new)
         self._wake_gc()
         return stored.obj
+
+    @staticmethod
+    def _grace_seconds(rt: ResourceType, obj: dict[str, Any], options: dict[str, Any]) -> int:
+        """A pod's graceful-deletion period (kube-apiserver's): 0 unless it is bound to a node and not finished."""
+        if (rt.group, rt.plural) != ("", "pods"):
+            return 0
+        spec, phase = obj.get("spec") or {}, (obj.get("status") or {}).get("phase")
+        if not spec.get("nodeName") or phase in ("Succeeded", "Failed"):
+            return 0
+        try:
+            return max(0, int(options.get("gracePeriodSeconds", spec.get("terminationGracePeriodSeconds", 30))))
+        except (TypeError, ValueError):
+            raise errors.bad_request("gracePeriodSeconds must be an integer") from None
 
     @staticmethod
     def _has_cleanup(rt: ResourceType) -> bool:

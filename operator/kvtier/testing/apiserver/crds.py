@@ -93,6 +93,22 @@ def _schema_errors(node: Any, path: str, out: list[FieldError]) -> None:
                 for i, sub in enumerate(node[key]):
                     _schema_errors(sub, f"{path}.{key}[{i}]", out)
     _rule_errors(node.get("x-kubernetes-validations", []), f"{path}.x-kubernetes-validations", out, node)
+    if "default" in node and not out:
+        _default_errors(node, path, out)
+
+
+def _default_errors(node: dict[str, Any], path: str, out: list[FieldError]) -> None:
+    """A default must pass its own schema's rules (after nested defaulting), or kube-apiserver refuses the CRD."""
+    try:
+        from kvtier.testing.cel import validate_rules
+    except ImportError:
+        return
+    from .schema import prune_and_default
+
+    defaulted = prune_and_default(node, node["default"], "", [])
+    for failure in validate_rules(node, defaulted):
+        field = f"{path}.default" + (f".{failure.field.lstrip('.')}" if failure.field else "")
+        out.append(FieldError(field, "Invalid value", failure.message, node["default"]))
 
 
 _FIELD_PATH_STEP = re.compile(r"\.([A-Za-z_$][\w$-]*)|\[(\d+)\]|\['([^']*)'\]")
