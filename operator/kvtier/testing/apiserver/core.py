@@ -407,7 +407,7 @@ class Cluster:
         if not rt.custom:
             defaults.apply(rt.storage_key, obj)
         if rt.custom:
-            obj, schema_errors, unknown = process_custom(rt.schema, obj, old, earlier_errors=bool(problems))
+            obj, schema_errors, unknown = process_custom(rt.schema, obj, old, problems)
             problems += schema_errors
         elif self.builtin_validator is not None and not problems:
             schema_errors, unknown_paths = self.builtin_validator.validate(obj)
