@@ -148,7 +148,7 @@ def admit(body: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
         # The server names the object (generateName + 5 characters) before it validates it.
         body = {**body, "metadata": {**metadata, "name": metadata["generateName"] + "x" * 5}}
     found = metadata_errors(body.get("metadata"), namespaced=model is InferenceDeployment)
-    stored, errors, unknown = process_custom(crd_schemas()[body["kind"]], body, None, earlier_errors=bool(found))
+    stored, errors, unknown = process_custom(crd_schemas()[body["kind"]], body, None, found)
     if isinstance(metadata, dict):
         stored["metadata"] = metadata  # as written: a generated name is the server's business
     return stored, [Problem(path, "unknown field") for path in unknown] + \

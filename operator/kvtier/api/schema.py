@@ -19,7 +19,7 @@ import copy
 import ipaddress
 import re
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -323,7 +323,8 @@ def _combinators(schema: dict[str, Any], value: Any, path: str, errors: list[Fie
 def _validate_string(schema: dict[str, Any], value: str, path: str, errors: list[FieldError]) -> None:
     fmt = schema.get("format")
     if fmt in _FORMATS and fmt not in ("int32", "int64") and not _FORMATS[fmt](value):
-        errors.append(FieldError(path, "Invalid value", f'{path} in body must be of type {fmt}: "{value}"', value))
+        errors.append(FieldError(path, "Invalid value", f'{path} in body must be of type {fmt}: "{value}"', value,
+                                 type_invalid=True))
     if "minLength" in schema and len(value) < schema["minLength"]:
         errors.append(FieldError(path, "Invalid value", f"{path} in body should be at least {schema['minLength']} chars long", value))
     if "maxLength" in schema and len(value) > schema["maxLength"]:
@@ -335,7 +336,8 @@ def _validate_string(schema: dict[str, Any], value: str, path: str, errors: list
 def _validate_number(schema: dict[str, Any], value: float, path: str, errors: list[FieldError]) -> None:
     fmt = schema.get("format")
     if fmt in ("int32", "int64") and not _FORMATS[fmt](value):
-        errors.append(FieldError(path, "Invalid value", f"{path} in body must be of type {fmt}: \"{value}\"", value))
+        errors.append(FieldError(path, "Invalid value", f"{path} in body must be of type {fmt}: \"{value}\"", value,
+                                 type_invalid=True))
     if "maximum" in schema:
         limit = schema["maximum"]
         if schema.get("exclusiveMaximum") is True and value >= limit:
@@ -435,24 +437,30 @@ def _has_rules(schema: Any) -> bool:
     return False
 
 
-def _blocks_rules(error: FieldError) -> bool:
-    """Whether kube-apiserver skips the CEL rules after this error (apiextensions' `hasBlockingErr`)."""
-    return error.type_invalid or error.kind in ("Required value", "Unsupported value", "Too long", "Too many")
-
-
 #: What the server adds when it skips the CEL rules because of earlier errors (`field.Invalid(nil, nil, ...)`).
 RULES_NOT_CHECKED = FieldError("<nil>", "Invalid value", "some validation rules were not checked because the object "
                                "was invalid; correct the existing errors to complete validation", None)
 
 
+#: Errors after which the server does not evaluate the CEL rules (the object lacks the shape they were
+#: written for): apiextensions-apiserver's `hasBlockingErr` (NotSupported, Required, TooLong, TooMany, TypeInvalid).
+_BLOCKING = ("Unsupported value", "Required value", "Too long", "Too many")
+
+
+def blocks_rules(error: FieldError) -> bool:
+    """Whether kube-apiserver skips the CEL rules after this error."""
+    return error.type_invalid or error.kind in _BLOCKING
+
+
 def process_custom(
-    schema: dict[str, Any] | None, obj: dict[str, Any], old: dict[str, Any] | None, *, earlier_errors: bool = False
+    schema: dict[str, Any] | None, obj: dict[str, Any], old: dict[str, Any] | None,
+    earlier: Sequence[FieldError] = (),
 ) -> tuple[dict[str, Any], list[FieldError], list[str]]:
     """Prune, default and validate a custom resource: (new object, errors, pruned field paths).
 
-    As the server's `customResourceStrategy.Validate`, the CEL rules run unless an error blocks them (a wrong
-    type, a required or unsupported value, too long or too many: `hasBlockingErr`; a pattern or a bound does
-    not), or `earlier_errors` (the metadata checks failed); otherwise one fieldless error says they were skipped.
+    As the server's `customResourceStrategy.Validate`, the CEL rules run unless an error so far
+    (`earlier`: the metadata checks', then the schema's) is a blocking one (`blocks_rules`); then one
+    fieldless error says they were skipped. Bounds, patterns and duplicates do not block them.
     """
     if not schema:
         return obj, [], []
@@ -462,7 +470,7 @@ def process_custom(
     validate_value({**schema, "type": "object"}, result, "", errors)
     if not _has_rules(schema):
         return result, errors, unknown
-    if earlier_errors or any(_blocks_rules(error) for error in errors):
+    if any(blocks_rules(error) for error in [*earlier, *errors]):
         errors.append(RULES_NOT_CHECKED)
     else:
         errors += cel_errors(schema, result, old)

@@ -185,8 +185,9 @@ class Cluster:
         opts = opts or WriteOptions()
         obj = self._check_body(rt, namespace, body, None)
         meta = obj["metadata"]
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + "".join(random.choices(_NAME_CHARS, k=5))
+        if not meta.get("name"):
+            generate = meta.get("generateName")
+            meta["name"] = generate + "".join(random.choices(_NAME_CHARS, k=5)) if isinstance(generate, str) and generate else ""
         namespace = meta.get("namespace")
         if meta.get("name"):  # without one, validation reports it with every other error, as the real server
             if rt.namespaced:
@@ -407,7 +408,7 @@ class Cluster:
         if not rt.custom:
             defaults.apply(rt.storage_key, obj)
         if rt.custom:
-            obj, schema_errors, unknown = process_custom(rt.schema, obj, old, earlier_errors=bool(problems))
+            obj, schema_errors, unknown = process_custom(rt.schema, obj, old, problems)
             problems += schema_errors
         elif self.builtin_validator is not None and not problems:
             schema_errors, unknown_paths = self.builtin_validator.validate(obj)
