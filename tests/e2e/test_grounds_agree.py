@@ -73,7 +73,7 @@ def test_a_crd_rule_whose_field_path_names_an_undeclared_field_is_refused(cluste
 
 def test_a_crd_whose_metadata_schema_says_more_than_name_and_generate_name_is_refused(cluster):
     """Found on the real control plane: a description on the root's `metadata` made it refuse our CRDs."""
-    from kvtier.kube import APIError, CUSTOMRESOURCEDEFINITIONS
+    from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, APIError
 
     refused = _crd("described.example.com", {"rule": "self.size > 0"})
     refused["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["metadata"] = {
@@ -92,7 +92,7 @@ def test_a_crd_whose_metadata_schema_says_more_than_name_and_generate_name_is_re
 
 def test_a_crd_whose_default_fails_its_own_rule_is_refused(cluster):
     """(kvtier's `kvCache: {}` default once failed its `cpu is required` rule: the real API server refused the CRD.)"""
-    from kvtier.kube import APIError, CUSTOMRESOURCEDEFINITIONS
+    from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, APIError
 
     crd = _crd("defaults.example.com", {"rule": "has(self.size)", "message": "size is required"})
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["default"] = {}
