@@ -10,7 +10,8 @@ import yaml
 
 from kvtier.api import InferenceDeployment, KVPool
 from kvtier.api.documents import read_documents
-from kvtier.render import DEPLOYMENT_LABEL, RenderOptions, render_deployment
+from kvtier.contract import DEPLOYMENT_LABEL
+from kvtier.render import RenderOptions, render_deployment
 from kvtier.render.offline import render_documents
 from tests.conftest import EXAMPLES
 

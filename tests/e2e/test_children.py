@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
+from kvtier.contract import DEPLOYMENT_LABEL
 from kvtier.kube import CONFIGMAPS, PODDISRUPTIONBUDGETS, SERVICES, STATEFULSETS
-from kvtier.render import DEPLOYMENT_LABEL
 from tests.conftest import wait_for
 from tests.e2e.helpers import create, create_deployment, deployment, get, kubectl
 

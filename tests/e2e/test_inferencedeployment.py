@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from kvtier.contract import CONFIG_HASH_ANNOTATION, QUOTA_GATE
 from kvtier.kube import (
     INFERENCEDEPLOYMENTS,
     KVPOOLS,
@@ -19,7 +20,6 @@ from kvtier.kube import (
     SERVICES,
     STATEFULSETS,
 )
-from kvtier.render import CONFIG_HASH_ANNOTATION, QUOTA_GATE
 from tests.conftest import EXAMPLES, wait_for
 from tests.e2e.helpers import (
     condition,

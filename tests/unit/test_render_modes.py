@@ -10,9 +10,8 @@ import yaml
 
 from kvtier.api import InferenceDeployment, KVPool
 from kvtier.api.units import parse_quantity
+from kvtier.contract import CONFIG_HASH_ANNOTATION, QUOTA_GATE
 from kvtier.render import (
-    CONFIG_HASH_ANNOTATION,
-    QUOTA_GATE,
     InsufficientCapacity,
     RenderOptions,
     StorageBinding,

@@ -22,6 +22,7 @@ import kopf
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool, KVPoolStatus
 from kvtier.api.units import format_quantity
+from kvtier.contract import DEPLOYMENT_LABEL, DEPLOYMENT_NAMESPACE_LABEL
 from kvtier.controllers.conditions import find, set_condition
 from kvtier.controllers.events import post_transitions
 from kvtier.controllers.kvpools import PoolGone, created_at, update_pool_status
@@ -45,7 +46,6 @@ from kvtier.kube import (
 )
 from kvtier.rebalance.actuator import apply_quotas
 from kvtier.render import (
-    DEPLOYMENT_LABEL,
     NodeResources,
     RenderError,
     StorageBinding,
@@ -53,7 +53,6 @@ from kvtier.render import (
     render_deployment,
     selector,
 )
-from kvtier.render.meta import DEPLOYMENT_NAMESPACE_LABEL
 from kvtier.render.reclaim import RELEASED_LABEL
 from kvtier.render.volumes import kv_volume
 from kvtier.storage.ledger import Claim, Decision, admit, release

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvtier.api.kvpool import KVPool
+from kvtier.contract import DEPLOYMENT_LABEL, DEPLOYMENT_NAMESPACE_LABEL
 from kvtier.kube import JOBS, NAMESPACES, PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, APIError, KubeClient
-from kvtier.render.meta import DEPLOYMENT_LABEL, DEPLOYMENT_NAMESPACE_LABEL
 from kvtier.render.reclaim import RELEASED_LABEL, claim_ref, wipe_claim, wipe_job, wipe_name
 from kvtier.storage.base import POOL_LABEL
 from kvtier.storage.nvmeof import persistent_volume_name

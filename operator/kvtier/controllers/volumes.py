@@ -24,8 +24,8 @@ from typing import Any
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool
 from kvtier.api.units import format_quantity, parse_quantity
+from kvtier.contract import DEPLOYMENT_LABEL
 from kvtier.kube import PERSISTENT_VOLUME_CLAIMS, STORAGECLASSES, KubeClient
-from kvtier.render import DEPLOYMENT_LABEL
 from kvtier.storage import CSIBackend, backend_for
 
 #: The parts of a StatefulSet spec kvtier renders that the API server never lets change.

@@ -20,10 +20,9 @@ from typing import Any
 import aiohttp
 
 from kvtier.api.units import gib
+from kvtier.contract import DEFAULT_SALT, LMCACHE_CONTAINER, QUOTA_GATE, quota_path
 from kvtier.kube import PODS, APIError, KubeClient
-from kvtier.render import QUOTA_GATE
 
-DEFAULT_SALT = "_default"
 #: What LMCache 0.5.6 says when the raw_block adapter's Rust extension is missing (tests/conformance pins it).
 RAW_BLOCK_MISSING = "Rust raw-block extension is not installed"
 RAW_BLOCK_HINT = ("the lmcache image lacks the raw_block adapter's extension: install "
@@ -67,7 +66,7 @@ def _gate_open(pod: dict[str, Any]) -> bool:
 
 async def set_quota(http: aiohttp.ClientSession, address: str, port: int, quota_bytes: int) -> str | None:
     """Set and verify one server's `_default` quota; None on success, else what went wrong."""
-    url = f"http://{address}:{port}/quota/{DEFAULT_SALT}"
+    url = f"http://{address}:{port}{quota_path()}"
     limit = gib(quota_bytes)
     try:
         async with http.get(url) as reply:
@@ -101,7 +100,7 @@ async def apply_quotas(
     pods: list[dict[str, Any]],
     quota_bytes: int,
     port: int,
-    container: str = "lmcache",
+    container: str = LMCACHE_CONTAINER,
 ) -> list[QuotaResult]:
     """Bring every running replica to `quota_bytes` and open its gate; replicas not up yet are skipped."""
 

@@ -7,7 +7,6 @@ anything, and turns a `RenderError` (its `reason`, message and `field`) into a c
 from kvtier.render.errors import InsufficientCapacity, RenderError, UnsupportedStorage
 from kvtier.render.fit import NodeResources, check_fit
 from kvtier.render.meta import (
-    DEPLOYMENT_LABEL,
     headless_service_name,
     labels,
     owner_reference,
@@ -15,15 +14,11 @@ from kvtier.render.meta import (
     selector_labels,
 )
 from kvtier.render.options import RenderOptions
-from kvtier.render.pod import CONFIG_HASH_ANNOTATION, QUOTA_GATE
 from kvtier.render.sizing import PodSizing, pod_sizing
 from kvtier.render.volumes import StorageBinding, default_binding
 from kvtier.render.workload import render_deployment
 
 __all__ = [
-    "CONFIG_HASH_ANNOTATION",
-    "DEPLOYMENT_LABEL",
-    "QUOTA_GATE",
     "InsufficientCapacity",
     "NodeResources",
     "PodSizing",

@@ -6,10 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtier.api.inferencedeployment import InferenceDeployment
+from kvtier.contract import DEPLOYMENT_LABEL, DEPLOYMENT_NAMESPACE_LABEL
 
-DEPLOYMENT_LABEL = "kvtier.io/deployment"
-#: On cluster-scoped children (PersistentVolumes), which carry labels instead of an owner reference.
-DEPLOYMENT_NAMESPACE_LABEL = "kvtier.io/deployment-namespace"
 ENGINE_NAME = "kvtier-engine"
 #: Namespace of an object read from a file that does not name one (kubectl would use the context's).
 DEFAULT_NAMESPACE = "default"

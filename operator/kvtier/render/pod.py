@@ -30,6 +30,18 @@ from typing import Any
 
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.units import format_quantity
+from kvtier.contract import (
+    HEALTH_PATH,
+    HTTP_PORT,
+    LMCACHE_API_PORT,
+    LMCACHE_CONTAINER,
+    LMCACHE_HEALTH_PATH,
+    METRICS_PATH,
+    PROBE_CONTAINER,
+    PROBE_METRICS_PORT,
+    QUOTA_GATE,
+    VLLM_CONTAINER,
+)
 from kvtier.render import lmcache
 from kvtier.render.meta import config_map_name, labels
 from kvtier.render.options import RenderOptions
@@ -37,18 +49,11 @@ from kvtier.render.simulate import simulate_pod_spec
 from kvtier.render.sizing import GPU_RESOURCE, PROBE_CPU, PROBE_MEMORY_LIMIT, PodSizing, pod_sizing
 from kvtier.render.volumes import KVVolume
 
-QUOTA_GATE = "kvtier.io/kv-quota-applied"
-CONFIG_HASH_ANNOTATION = "kvtier.io/config-hash"
 SHM_VOLUME = "dshm"
 LOOKUP_LOG_VOLUME = "lookup-hashes"
 CONFIG_VOLUME = "lmcache-config"
 #: The LMCache server may reload a large raw-block index before it answers its health check.
 LMCACHE_STARTUP_SECONDS = 600
-#: Port names (also the PodMonitor's endpoints).
-HTTP_PORT = "http"
-#: The LMCache MP server's HTTP port: its API (`/quota`, `/healthcheck`) and its `/metrics`.
-LMCACHE_API_PORT = "lmcache-api"
-PROBE_METRICS_PORT = "probe-metrics"
 #: Empties the disk tier's directory; a filesystem's own `lost+found` stays.
 _WIPE = "find {dir} -mindepth 1 -maxdepth 1 ! -name lost+found -exec rm -rf {{}} +"
 #: Sizes the raw-block device file once; a file already of that size (and LMCache's index in it) is kept.
@@ -86,7 +91,7 @@ class PodPlan:
     @property
     def volume_container(self) -> str:
         """The container that does the storage tier's I/O (when there is a storage tier)."""
-        return "lmcache" if self.mode == "LMCacheMP" else "vllm"
+        return LMCACHE_CONTAINER if self.mode == "LMCacheMP" else VLLM_CONTAINER
 
 
 def _http_probe(path: str, port: str, period: int, failures: int) -> dict[str, Any]:
@@ -149,7 +154,7 @@ def vllm_container(plan: PodPlan) -> dict[str, Any]:
         config_mounts.append({"name": CONFIG_VOLUME, "mountPath": lmcache.CONFIG_DIR, "readOnly": True})
     gpus = str(sizing.gpus)
     return {
-        "name": "vllm",
+        "name": VLLM_CONTAINER,
         "image": engine.image,
         "command": ["vllm", "serve"],
         "args": vllm_args(plan),
@@ -167,8 +172,8 @@ def vllm_container(plan: PodPlan) -> dict[str, Any]:
                 GPU_RESOURCE: gpus,
             },
         },
-        **_mounts(plan, "vllm", {"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *config_mounts),
-        **_probes("/health", HTTP_PORT, plan.options.startup_seconds),
+        **_mounts(plan, VLLM_CONTAINER, {"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *config_mounts),
+        **_probes(HEALTH_PATH, HTTP_PORT, plan.options.startup_seconds),
     }
 
 
@@ -177,7 +182,7 @@ def lmcache_container(plan: PodPlan) -> dict[str, Any]:
     memory = format_quantity(plan.sizing.lmcache_memory)
     log_mounts = [{"name": LOOKUP_LOG_VOLUME, "mountPath": lmcache.LOOKUP_LOG_DIR}] if plan.probe else []
     return {
-        "name": "lmcache",
+        "name": LMCACHE_CONTAINER,
         "image": options.lmcache_image,
         "command": ["lmcache", "server"],
         "args": lmcache.server_args(plan.deployment, plan.volume, options, lookup_log=plan.probe),
@@ -191,8 +196,8 @@ def lmcache_container(plan: PodPlan) -> dict[str, Any]:
             "requests": {"cpu": options.lmcache_cpu, "memory": memory},
             "limits": {"memory": memory},
         },
-        **_mounts(plan, "lmcache", {"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *log_mounts),
-        **_probes("/healthcheck", LMCACHE_API_PORT, LMCACHE_STARTUP_SECONDS),
+        **_mounts(plan, LMCACHE_CONTAINER, {"name": SHM_VOLUME, "mountPath": "/dev/shm"}, *log_mounts),
+        **_probes(LMCACHE_HEALTH_PATH, LMCACHE_API_PORT, LMCACHE_STARTUP_SECONDS),
         # Why LMCache exits (e.g. a missing raw-block extension) reaches the pod status and the operator.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -201,7 +206,7 @@ def lmcache_container(plan: PodPlan) -> dict[str, Any]:
 def probe_container(plan: PodPlan) -> dict[str, Any]:
     options = plan.options
     return {
-        "name": "kvtier-probe",
+        "name": PROBE_CONTAINER,
         "image": options.probe_image,
         "command": ["kvtier", "probe"],
         "args": [
@@ -216,7 +221,7 @@ def probe_container(plan: PodPlan) -> dict[str, Any]:
         },
         "volumeMounts": [{"name": LOOKUP_LOG_VOLUME, "mountPath": lmcache.LOOKUP_LOG_DIR, "readOnly": True}],
         # No readiness probe: serving does not wait for the demand curve.
-        "livenessProbe": _http_probe("/health", PROBE_METRICS_PORT, 30, 5),
+        "livenessProbe": _http_probe(HEALTH_PATH, PROBE_METRICS_PORT, 30, 5),
     }
 
 
@@ -281,7 +286,7 @@ def pod_template(plan: PodPlan) -> dict[str, Any]:
             "annotations": {
                 "prometheus.io/scrape": "true",
                 "prometheus.io/port": str(plan.options.vllm_port),
-                "prometheus.io/path": "/metrics",
+                "prometheus.io/path": METRICS_PATH,
             },
         },
         "spec": spec,

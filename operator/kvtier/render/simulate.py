@@ -20,6 +20,7 @@ import shlex
 from dataclasses import replace
 from typing import Any
 
+from kvtier.contract import LMCACHE_CONTAINER, VLLM_CONTAINER
 from kvtier.render.options import RenderOptions
 
 SIM_COMMAND = ["kvtier", "sim", "pod"]
@@ -35,7 +36,7 @@ def simulate_pod_spec(spec: dict[str, Any], image: str) -> dict[str, Any]:
     """A copy of a rendered pod spec whose engines run under kvsim in `image` (see the module docstring)."""
     spec = copy.deepcopy(spec)
     containers = {container["name"]: container for container in spec["containers"]}
-    vllm, lmcache = containers["vllm"], containers.get("lmcache")
+    vllm, lmcache = containers[VLLM_CONTAINER], containers.get(LMCACHE_CONTAINER)
     args = ["--vllm", _words(vllm)]
     if lmcache is not None:
         args += ["--lmcache", _words(lmcache)]

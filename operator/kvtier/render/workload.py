@@ -19,6 +19,7 @@ import yaml
 
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool
+from kvtier.contract import CONFIG_HASH_ANNOTATION, HTTP_PORT, LMCACHE_API_PORT, METRICS_PATH, PROBE_METRICS_PORT
 from kvtier.render import lmcache
 from kvtier.render.meta import (
     config_map_name,
@@ -28,14 +29,7 @@ from kvtier.render.meta import (
     selector_labels,
 )
 from kvtier.render.options import RenderOptions
-from kvtier.render.pod import (
-    CONFIG_HASH_ANNOTATION,
-    HTTP_PORT,
-    LMCACHE_API_PORT,
-    PROBE_METRICS_PORT,
-    PodPlan,
-    pod_template,
-)
+from kvtier.render.pod import PodPlan, pod_template
 from kvtier.render.volumes import KVVolume, StorageBinding, kv_volume, persistent_volumes
 
 
@@ -125,7 +119,7 @@ def pod_monitor(plan: PodPlan) -> dict[str, Any]:
         "metadata": object_meta(plan.deployment, name_of(plan.deployment)),
         "spec": {
             "selector": {"matchLabels": selector_labels(plan.deployment)},
-            "podMetricsEndpoints": [{"port": port, "path": "/metrics"} for port in ports],
+            "podMetricsEndpoints": [{"port": port, "path": METRICS_PATH} for port in ports],
         },
     }
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
+from kvtier.contract import DEFAULT_SALT
 from kvtier.probe.demand import DemandProbe
 from kvtier.probe.options import ProbeOptions
 from kvtier.rebalance.allocator import Demand, allocate, apportion, moved_units
@@ -28,7 +29,6 @@ from kvtier.sim.replay import Replay, ReplayResult, TenantWorkload
 from kvtier.sim.scenario import Scenario
 
 #: LMCache's name for the salt of requests that carry none.
-DEFAULT_SALT = "_default"
 
 
 def split_evenly(capacity: int, count: int) -> list[int]:

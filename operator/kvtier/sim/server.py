@@ -51,6 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from kvtier.contract import DEFAULT_SALT
 from kvtier.sim.cache import IsolatedLRU
 from kvtier.sim.engine import Engine, EngineParams, RequestOutcome, Tier
 from kvtier.sim.lookuplog import LookupHashLog, Rotation, chunk_hash
@@ -62,7 +63,6 @@ log = logging.getLogger(__name__)
 #: Bytes of one ``limit_gb`` of the quota API.
 GB = 1 << 30
 #: The URL spelling of the empty salt (also LMCache's default L1 tag).
-DEFAULT_SALT = "_default"
 #: The L2 adapter kvtier renders (LMCache labels L2 series ``l2_name`` with the adapter type).
 L2_NAME = "raw_block"
 #: vLLM's TTFT buckets (seconds).

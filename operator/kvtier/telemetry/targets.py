@@ -24,18 +24,27 @@ from typing import Any
 
 import aiohttp
 
+from kvtier.contract import (
+    DEPLOYMENT_LABEL,
+    HTTP_PORT,
+    LMCACHE_API_PORT,
+    LMCACHE_CONTAINER,
+    METRICS_PATH,
+    PROBE_CONTAINER,
+    PROBE_METRICS_PORT,
+    QUOTA_PATH,
+    VLLM_CONTAINER,
+)
 from kvtier.kube import PODS, APIError, KubeClient
-from kvtier.render.meta import DEPLOYMENT_LABEL
-from kvtier.render.pod import HTTP_PORT, LMCACHE_API_PORT, PROBE_METRICS_PORT
 
 log = logging.getLogger(__name__)
 
 #: Endpoint kind -> (container name, port name, path) in a rendered replica.
 ENDPOINTS: dict[str, tuple[str, str, str]] = {
-    "vllm": ("vllm", HTTP_PORT, "/metrics"),
-    "lmcache": ("lmcache", LMCACHE_API_PORT, "/metrics"),
-    "probe": ("kvtier-probe", PROBE_METRICS_PORT, "/metrics"),
-    "quota": ("lmcache", LMCACHE_API_PORT, "/quota"),
+    "vllm": (VLLM_CONTAINER, HTTP_PORT, METRICS_PATH),
+    "lmcache": (LMCACHE_CONTAINER, LMCACHE_API_PORT, METRICS_PATH),
+    "probe": (PROBE_CONTAINER, PROBE_METRICS_PORT, METRICS_PATH),
+    "quota": (LMCACHE_CONTAINER, LMCACHE_API_PORT, QUOTA_PATH),
 }
 
 DeploymentKey = tuple[str, str]
