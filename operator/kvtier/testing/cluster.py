@@ -24,8 +24,8 @@ from kvtier.api.crd import build_crds
 from kvtier.controllers import OperatorConfig, run_operator
 from kvtier.kube import CUSTOMRESOURCEDEFINITIONS, NAMESPACES, Connection, KubeClient
 from kvtier.testing.apiserver import APIServer
-from kvtier.testing.engines import EngineFactory, embedded_engines
 from kvtier.testing import podsim
+from kvtier.testing.engines import EngineFactory, embedded_engines
 from kvtier.testing.podsim import NodeSpec, PodSimulator
 
 T = TypeVar("T")
