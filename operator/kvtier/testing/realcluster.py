@@ -41,7 +41,6 @@ class ControlPlaneCluster(SimulatedCluster):
     """The real API server, controllers and scheduler; the pod simulator only as kubelets and CSI provisioner."""
 
     components = podsim.UNDER_CONTROL_PLANE
-    embedded = False
 
     def __init__(self, nodes: list[NodeSpec] | None = None, *, binaries: Path | None = None,
                  operator_rbac: list[dict[str, Any]] | None = None, **kwargs: Any):
@@ -49,7 +48,6 @@ class ControlPlaneCluster(SimulatedCluster):
         self.control_plane = ControlPlane(binaries or find_binaries(), kubeconfig=self.kubeconfig)
         #: The operator's ServiceAccount and RBAC objects; None: the operator uses the admin's credentials.
         self.operator_rbac = operator_rbac
-        self.server = None
 
     @property
     def url(self) -> str:

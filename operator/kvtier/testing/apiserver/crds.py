@@ -126,7 +126,8 @@ def _field_path_resolves(schema: dict[str, Any], field_path: str) -> bool:
             node = node.get("items")
         else:
             name = step.group(1) or step.group(3)
-            properties = node.get("properties") or {}
+            properties = node.get("properties")
+            properties = properties if isinstance(properties, dict) else {}
             additional = node.get("additionalProperties")
             node = properties.get(name) if name in properties else (additional if isinstance(additional, dict) else None)
         if node is None:
