@@ -165,9 +165,9 @@ def server_verdict(cluster, body: dict[str, Any]) -> tuple[list[str], dict[str, 
         message = error.body.get("message", "") if isinstance(error.body, dict) else str(error.body)
         if error.status == 422:
             return sorted(c["field"] for c in error.body["details"]["causes"]), None
-        undecodable = re.match(r"unable to decode ([\w.\[\]]+):", message)  # metadata of the wrong type
-        if undecodable:
-            return [undecodable[1]], None
+        undecodable = re.search(r"cannot unmarshal \w+ into Go struct field ObjectMeta\.(\w+)", message)
+        if undecodable:  # metadata of the wrong type
+            return [f"metadata.{undecodable[1]}"], None
         assert "strict decoding error" in message, message
         unknown = [part.split('"')[1] for part in message.split("unknown field ")[1:]]
     try:

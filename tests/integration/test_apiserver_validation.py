@@ -63,7 +63,7 @@ def test_unknown_fields_are_pruned_with_a_warning(api, widgets):
         ({"since": "yesterday"}, "spec.since", 'Invalid value: "yesterday": spec.since in body must be of type date-time: "yesterday"'),
         ({"port": True}, "spec.port", 'Invalid value: "boolean": spec.port in body must be of type integer,string: "boolean"'),
         ({"engine": {"env": [{"value": "x"}]}}, "spec.engine.env[0].name", "Required value"),
-        ({"tags": {"a": 1}}, "spec.tags[a]", 'Invalid value: "integer": spec.tags[a] in body must be of type string: "integer"'),
+        ({"tags": {"a": 1}}, "spec.tags.a", 'Invalid value: "integer": spec.tags.a in body must be of type string: "integer"'),
     ],
 )
 def test_schema_violations_are_422_naming_the_field(api, widgets, spec, field, message):

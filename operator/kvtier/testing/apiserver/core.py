@@ -106,6 +106,18 @@ _META_TYPES: dict[str, type] = {
 }
 
 
+_GO_TYPES: dict[type, str] = {str: "string", int: "int64", dict: "map[string]string", list: "[]"}
+
+
+def _json_type(value: Any) -> str:
+    """encoding/json's name of a JSON value's type."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "value")
+
+
 def _check_metadata_types(meta: dict[str, Any]) -> None:
     """Reject what the real server could not even decode into an ObjectMeta (400)."""
     for key, kind in _META_TYPES.items():
@@ -120,7 +132,9 @@ def _check_metadata_types(meta: dict[str, Any]) -> None:
         elif ok and key in ("ownerReferences", "managedFields"):
             ok = all(isinstance(v, dict) for v in value)
         if not ok:
-            raise errors.bad_request(f"unable to decode metadata.{key}: unexpected {type(value).__name__} value")
+            # As kube-apiserver words it (encoding/json's error on ObjectMeta), found on the real control plane.
+            raise errors.bad_request(f"json: cannot unmarshal {_json_type(value)} into Go struct field "
+                                     f"ObjectMeta.{key} of type {_GO_TYPES[kind]}")
     for ref in meta.get("ownerReferences") or []:
         if not all(isinstance(ref.get(k), str) for k in ("apiVersion", "kind", "name", "uid")):
             raise errors.bad_request("metadata.ownerReferences: apiVersion, kind, name and uid must be strings")

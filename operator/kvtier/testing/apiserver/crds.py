@@ -31,12 +31,14 @@ def _is_number(value: Any) -> bool:
 
 def _metadata_schema_errors(root: Any, path: str, out: list[FieldError]) -> None:
     """As kube-apiserver: the root's `metadata` may say only `type: object` and restrict name and generateName."""
-    metadata = root.get("properties", {}).get("metadata") if isinstance(root, dict) else None
+    properties = root.get("properties") if isinstance(root, dict) else None
+    metadata = properties.get("metadata") if isinstance(properties, dict) else None
     if not isinstance(metadata, dict):
         return
     rest = {key: value for key, value in metadata.items() if key not in ("type", "properties")}
-    properties = metadata.get("properties") or {}
-    if rest or metadata.get("type", "object") != "object" or set(properties) - {"name", "generateName"}:
+    restricted = metadata.get("properties") or {}
+    if rest or metadata.get("type", "object") != "object" or not isinstance(restricted, dict) or \
+            set(restricted) - {"name", "generateName"}:
         out.append(FieldError(f"{path}.properties[metadata]", "Forbidden",
                               "must not specify anything other than name and generateName, but metadata is "
                               "implicitly specified"))
@@ -99,11 +101,8 @@ def _schema_errors(node: Any, path: str, out: list[FieldError]) -> None:
 
 def _default_errors(node: dict[str, Any], path: str, out: list[FieldError]) -> None:
     """A default must pass its own schema's rules (after nested defaulting), or kube-apiserver refuses the CRD."""
-    try:
-        from kvtier.testing.cel import validate_rules
-    except ImportError:
-        return
-    from .schema import prune_and_default
+    from kvtier.api.cel import validate_rules
+    from kvtier.api.schema import prune_and_default
 
     defaulted = prune_and_default(node, node["default"], "", [])
     for failure in validate_rules(node, defaulted):
