@@ -95,7 +95,7 @@ step "import-time dependencies: ${ENGINE_DEPS[*]}"
 
 doing="checking the imports"
 # The imports the conformance tests make, checked once here so a broken venv fails with its reason.
-VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" - <<'PY'
+VLLM_TARGET_DEVICE=cpu LMCACHE_LOG_LEVEL=WARNING LMCACHE_DISABLE_BANNER=1 "$VENV/bin/python" - <<'PY'
 import importlib
 
 for module in (
