@@ -41,6 +41,8 @@ DEFAULT_FACTORS = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
 #: The window of the peak read bandwidth.
 PEAK_WINDOW_SECONDS = 60.0
 SECONDS_PER_YEAR = 365 * 24 * 3600.0
+#: The key of a ConfigMap that holds a price table.
+PRICES_KEY = "prices.yaml"
 
 
 @dataclass(frozen=True)
@@ -429,9 +431,17 @@ def _describe(targets: Targets) -> str:
 
 
 def price_table(data: Mapping[str, Any]) -> PriceTable:
-    """A price table from its YAML shape (manifests/examples/prices-fx100.yaml); errors name the field."""
+    """A price table from its YAML shape, bare or in a ConfigMap's ``prices.yaml`` key
+    (manifests/examples/prices-fx100.yaml); errors name the field."""
+    import yaml
+
     from kvtier.api.units import parse_quantity
 
+    if isinstance(data, Mapping) and data.get("kind") == "ConfigMap":
+        text = (data.get("data") or {}).get(PRICES_KEY)
+        if not isinstance(text, str):
+            raise ValueError(f"data.{PRICES_KEY}: required in a ConfigMap of prices")
+        data = yaml.safe_load(text)
     if not isinstance(data, Mapping):
         raise ValueError("a price table is a mapping with currency and options")
     options = data.get("options")
