@@ -541,12 +541,12 @@ def plan(scenario_path: Path | None, traces: tuple[str, ...], capacity: str | No
             raise click.ClickException(f"{prices_path}: {error}") from error
     bandwidth = float(quantity(read_bandwidth, "--read-bandwidth")) if read_bandwidth else None
     try:
-        outcomes = planner.plan(profiles, tried, block_bytes=block, read_bandwidth=bandwidth, prices=prices)
+        outcomes = planning.plan(profiles, tried, block_bytes=block, read_bandwidth=bandwidth, prices=prices)
     except ValueError as error:
         raise click.ClickException(str(error)) from error
     targets = planner.Targets(target_hit_ratio, target_ttft_p50, max_price_per_saved_gpu_hour)
     if capacities is None:  # a default grid is coarse: bisect toward the smallest capacity that meets the targets
-        outcomes = planner.refine(profiles, outcomes, targets, block_bytes=block, read_bandwidth=bandwidth,
+        outcomes = planning.refine(profiles, outcomes, targets, block_bytes=block, read_bandwidth=bandwidth,
                                   prices=prices)
     chosen = planner.pick(outcomes, targets, prices.amortization_years if prices else 3.0)
     if json_out:

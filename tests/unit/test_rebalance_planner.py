@@ -5,6 +5,7 @@ import math
 import pytest
 
 from kvtier.rebalance import planner
+from kvtier.sim import planning
 from kvtier.rebalance.allocator import allocate
 from kvtier.rebalance.costmodel import CostModel
 from kvtier.sim.cache import LRUCache
@@ -34,7 +35,7 @@ REQUESTS = [[1, 2, 3], [1, 2, 4], [5, 6], [1, 2, 3, 7], [5, 6, 8], [1, 9], [2, 3
 @pytest.mark.parametrize("quota", [0, 1, 2, 3, 5, 8, 100])
 def test_evaluate_hits_what_an_lru_of_the_quota_hits(quota):
     tenant = profile("a", REQUESTS)
-    outcome = planner.evaluate([tenant], {"a": quota}, block_bytes=BLOCK_TOKENS * 327680)
+    outcome = planning.evaluate([tenant], {"a": quota}, block_bytes=BLOCK_TOKENS * 327680)
     assert outcome.per_tenant["a"].hit_blocks == lru_hits(REQUESTS, quota)
     assert outcome.per_tenant["a"].accessed_blocks == sum(map(len, REQUESTS))
 
@@ -42,7 +43,7 @@ def test_evaluate_hits_what_an_lru_of_the_quota_hits(quota):
 def test_token_hits_count_a_partial_last_block_once():
     # Prompts of 9 tokens in 3 blocks of 4: the last block holds 1 token.
     tenant = profile("a", [[1, 2, 3], [1, 2, 3]], prompts=[9, 9])
-    outcome = planner.evaluate([tenant], {"a": 10}, block_bytes=1)
+    outcome = planning.evaluate([tenant], {"a": 10}, block_bytes=1)
     assert outcome.per_tenant["a"].hit_tokens == 9
     assert tenant.hit_tokens(10) == 9
     assert outcome.per_tenant["a"].token_hit_ratio == pytest.approx(0.5)
@@ -64,23 +65,23 @@ def test_bounds_are_kept():
     quotas = planner.split(tenants, 8)
     assert quotas["a"] <= 1 and quotas["b"] >= 4
     with pytest.raises(ValueError, match="minimums"):
-        planner.plan(tenants, [3], block_bytes=1)
+        planning.plan(tenants, [3], block_bytes=1)
 
 
 def test_more_capacity_never_hits_less():
     tenants = [profile("a", REQUESTS), profile("b", [[20 + i % 5, 30 + i % 2] for i in range(20)])]
-    outcomes = planner.plan(tenants, range(0, 16), block_bytes=1)
+    outcomes = planning.plan(tenants, range(0, 16), block_bytes=1)
     ratios = [o.block_hit_ratio for o in outcomes]
     assert ratios == sorted(ratios) and ratios[-1] > ratios[0]
 
 
 def test_read_bandwidth_peak_and_saturation():
     tenant = profile("a", [[1, 2]] * 4)  # one request a second, 2 blocks hit from the second on
-    outcome = planner.evaluate([tenant], {"a": 2}, block_bytes=1, read_bandwidth=1.0)
+    outcome = planning.evaluate([tenant], {"a": 2}, block_bytes=1, read_bandwidth=1.0)
     read = 3 * 2 * BLOCK_TOKENS * 327680
     assert outcome.read_bytes_per_second_peak == pytest.approx(read / planner.PEAK_WINDOW_SECONDS)
     assert outcome.saturated
-    assert not planner.evaluate([tenant], {"a": 2}, block_bytes=1, read_bandwidth=1e12).saturated
+    assert not planning.evaluate([tenant], {"a": 2}, block_bytes=1, read_bandwidth=1e12).saturated
 
 
 PRICES = {
@@ -152,7 +153,7 @@ def test_pick_by_price_per_saved_gpu_hour():
 
 def test_refine_bisects_toward_the_smallest_capacity_meeting_the_target():
     tenant = profile("a", [[i % 40] for i in range(400)])  # a loop of 40 blocks: hits only from 40 blocks on
-    coarse = planner.plan([tenant], [10, 80], block_bytes=1)
-    refined = planner.refine([tenant], coarse, planner.Targets(hit_ratio=0.5), block_bytes=1, steps=8)
+    coarse = planning.plan([tenant], [10, 80], block_bytes=1)
+    refined = planning.refine([tenant], coarse, planner.Targets(hit_ratio=0.5), block_bytes=1, steps=8)
     chosen = planner.pick(refined, planner.Targets(hit_ratio=0.5))
     assert chosen.capacity.capacity_blocks == 40

@@ -1,22 +1,22 @@
 """Capacity planning: what a pool of each size would earn, divided as the rebalancer divides it (pure).
 
 Input: per tenant (deployment) a :class:`TenantProfile`: its requests' *effective* LRU stack
-distances with prefix semantics (:mod:`kvtier.sim.stackdist`, the same distances the probe and
-the replay's oracles use), their arrivals and prompt lengths, and its cost model. For every
-candidate capacity :func:`plan` then
+distances with prefix semantics (the same distances the probe and the replay's oracles compute),
+their arrivals and prompt lengths, and its cost model. For every candidate capacity the planner
+(:func:`kvtier.sim.planning.plan` runs the steps)
 
-1. builds each tenant's demand curve (hit tokens at a quota of 0, 1, 2, ... allocation units; a
+1. :func:`split` builds each tenant's demand curve (hit tokens at a quota of 0, 1, 2, ... allocation units; a
    unit is about capacity / :data:`PLAN_UNITS` blocks, the operator's granularity) and values a hit
    token by the GPU seconds it saves over the tenant's mean prompt, as the rebalancer's
    ``MarginalGain`` does, and divides the capacity with the production allocator
    (:func:`~kvtier.rebalance.allocator.allocate`, within each tenant's min/max);
-2. evaluates that static split exactly: a request hits its blocks of effective distance <= its
+2. :func:`kvtier.sim.planning.evaluate` evaluates that static split exactly: a request hits its blocks of effective distance <= its
    tenant's quota (an LRU partition of fixed size hits exactly those), so block and token hit
    ratios are what a replay of the split measures; GPU prefill seconds saved and TTFT p50/p99 come
    from replaying the hits through the replay's :class:`~kvtier.sim.replay.PrefillQueue` (the cost
    model's prefill time, storage loads overlapping compute layer by layer, one queue per replica);
    the read bandwidth the hits need (mean over the run and the busiest minute) is compared with
-   the pool's; the price comes from a :class:`PriceTable`.
+   the pool's; :func:`priced` prices it from a :class:`PriceTable`.
 
 :func:`pick` chooses the smallest capacity that meets the targets. The method's limits
 (docs/capacity-planning.md): the curves describe the recorded window only, and the pool is taken to
@@ -268,115 +268,20 @@ def split(profiles: Sequence[TenantProfile], capacity_blocks: int) -> dict[str, 
     return {name: quota * unit_blocks for name, quota in quotas.items()}
 
 
-def evaluate(profiles: Sequence[TenantProfile], quotas: Mapping[str, int], *, block_bytes: int,
-             read_bandwidth: float | None = None) -> CapacityOutcome:
-    """Hits, savings, TTFT and read bandwidth of a static split (quotas in blocks)."""
-    from kvtier.sim.replay import PrefillQueue, percentile
-
-    per_tenant: dict[str, TenantOutcome] = {}
-    ttfts: list[float] = []
-    reads: list[tuple[float, float]] = []
-    first, last = math.inf, -math.inf
-    saved_total = 0.0
-    for profile in profiles:
-        quota = quotas[profile.name]
-        queues = [PrefillQueue(profile.cost, profile.cpu_read_bytes_per_second) for _ in range(profile.replicas)]
-        bt = profile.block_tokens
-        kv_bytes = profile.cost.kv_bytes_per_token
-        accessed = hit_blocks = hit_tokens_total = 0
-        read_bytes = 0.0
-        for arrival, prompt, distances in zip(profile.arrivals, profile.prompt_tokens, profile.distances):
-            hits = bisect.bisect_right(distances, quota)
-            hit_tokens = min(hits * bt, prompt)
-            accessed += len(distances)
-            hit_blocks += hits
-            hit_tokens_total += hit_tokens
-            queue = queues[0] if len(queues) == 1 else min(queues, key=lambda q: q.gpu_free_at)
-            queue.serve(arrival, prompt, (0, 0, hit_tokens))
-            if hit_tokens:
-                reads.append((arrival, hit_tokens * kv_bytes))
-                read_bytes += hit_tokens * kv_bytes
-        if profile.arrivals:
-            first, last = min(first, profile.arrivals[0]), max(last, profile.arrivals[-1])
-        saved = sum(queue.gpu_seconds_saved for queue in queues)
-        saved_total += saved
-        for queue in queues:
-            ttfts.extend(queue.ttfts)
-        per_tenant[profile.name] = TenantOutcome(quota, len(profile.arrivals), accessed, hit_blocks,
-                                                 sum(profile.prompt_tokens), hit_tokens_total, saved, read_bytes)
-    span = max(last - first, PEAK_WINDOW_SECONDS) if reads or ttfts else PEAK_WINDOW_SECONDS
-    ttfts.sort()
-    capacity_blocks = sum(quotas.values())
-    return CapacityOutcome(
-        capacity_blocks=capacity_blocks,
-        capacity_bytes=capacity_blocks * block_bytes,
-        per_tenant=per_tenant,
-        gpu_seconds_saved_per_hour=saved_total / span * 3600,
-        ttft_p50_seconds=percentile(ttfts, 50),
-        ttft_p99_seconds=percentile(ttfts, 99),
-        read_bytes_per_second_mean=sum(t.read_bytes for t in per_tenant.values()) / span,
-        read_bytes_per_second_peak=_peak_rate(reads, PEAK_WINDOW_SECONDS),
-        read_bandwidth=read_bandwidth,
-    )
-
-
-def _peak_rate(events: list[tuple[float, float]], window: float) -> float:
-    """The largest bytes per second over any ``window`` seconds (sliding over the events)."""
-    events.sort()
-    peak = running = 0.0
-    start = 0
-    for end in range(len(events)):
-        running += events[end][1]
-        while events[end][0] - events[start][0] >= window:
-            running -= events[start][1]
-            start += 1
-        peak = max(peak, running)
-    return peak / window
-
-
-def plan(profiles: Sequence[TenantProfile], capacities_blocks: Sequence[int], *, block_bytes: int,
-         read_bandwidth: float | None = None, prices: PriceTable | None = None) -> list[CapacityOutcome]:
-    """Every capacity (ascending), divided by the allocator and evaluated, priced when ``prices``."""
-    if not profiles:
-        raise ValueError("nothing to plan: no tenants")
-    outcomes = []
-    for capacity in sorted(set(capacities_blocks)):
-        if capacity < sum(profile.min_blocks for profile in profiles):
-            raise ValueError(f"capacity {capacity} blocks is below the tenants' minimums")
-        quotas = split(profiles, capacity)
-        # Priced and reported as bought: the split may leave less than a unit unassigned.
-        outcome = evaluate(profiles, quotas, block_bytes=block_bytes, read_bandwidth=read_bandwidth)
-        capacity_bytes = capacity * block_bytes
-        extra: dict[str, Any] = {"capacity_blocks": capacity, "capacity_bytes": capacity_bytes}
-        if prices is not None:
-            option, price = prices.choose(capacity_bytes, outcome.read_bytes_per_second_peak, read_bandwidth)
-            extra.update(price=price, price_option=option.name)
-            if read_bandwidth is None and option.array_read_bytes_per_second is not None:
-                extra["read_bandwidth"] = option.arrays(capacity_bytes) * option.array_read_bytes_per_second
-        outcomes.append(replace(outcome, **extra))
-    return outcomes
-
-
-def refine(profiles: Sequence[TenantProfile], outcomes: Sequence[CapacityOutcome], targets: Targets, *,
-           block_bytes: int, read_bandwidth: float | None = None, prices: PriceTable | None = None,
-           steps: int = 4) -> list[CapacityOutcome]:
-    """``outcomes`` plus up to ``steps`` bisections between the pick and the largest capacity below it
-    that misses, so the pick lands within 1/2^steps of that gap (hit ratio and savings grow with
-    capacity: the allocator never predicts less for more)."""
-    amortization = prices.amortization_years if prices is not None else 3.0
-    outcomes = sorted(outcomes, key=lambda o: o.capacity_blocks)
-    for _ in range(steps):
-        chosen = pick(outcomes, targets, amortization).capacity
-        below = [o for o in outcomes if o.capacity_blocks < chosen.capacity_blocks] if chosen else []
-        if chosen is None or not below:
-            break
-        middle = (below[-1].capacity_blocks + chosen.capacity_blocks) // 2
-        if middle <= below[-1].capacity_blocks:
-            break
-        outcomes = sorted([*outcomes, *plan(profiles, [middle], block_bytes=block_bytes,
-                                            read_bandwidth=read_bandwidth, prices=prices)],
-                          key=lambda o: o.capacity_blocks)
-    return outcomes
+def priced(outcome: CapacityOutcome, capacity_blocks: int, block_bytes: int, read_bandwidth: float | None,
+           prices: PriceTable | None) -> CapacityOutcome:
+    """``outcome`` reported as the capacity bought (a split may leave less than a unit unassigned),
+    priced by the option :meth:`PriceTable.choose` picks, checked against that option's arrays'
+    read bandwidth when the pool's is not given."""
+    capacity_bytes = capacity_blocks * block_bytes
+    changes: dict[str, Any] = {"capacity_blocks": capacity_blocks, "capacity_bytes": capacity_bytes,
+                               "read_bandwidth": read_bandwidth}
+    if prices is not None:
+        option, price = prices.choose(capacity_bytes, outcome.read_bytes_per_second_peak, read_bandwidth)
+        changes.update(price=price, price_option=option.name)
+        if read_bandwidth is None and option.array_read_bytes_per_second is not None:
+            changes["read_bandwidth"] = option.arrays(capacity_bytes) * option.array_read_bytes_per_second
+    return replace(outcome, **changes)
 
 
 def default_capacities(current_blocks: int, factors: Sequence[float] = DEFAULT_FACTORS) -> list[int]:

@@ -1,17 +1,32 @@
-"""The capacity planner's offline sources: a replay scenario, or bare traces with common tenant fields.
+"""The capacity planner on recorded requests (:mod:`kvtier.rebalance.planner` has the method).
 
-Each tenant's trace goes once through an exact :class:`~kvtier.sim.stackdist.StackDistanceTracker`
-(its own LRU stack, blocks namespaced per tenant as the replay does); the effective distances of
-every request become a :class:`~kvtier.rebalance.planner.TenantProfile`.
+Sources: a replay scenario, or bare traces with common tenant fields. Each tenant's trace goes once
+through an exact :class:`~kvtier.sim.stackdist.StackDistanceTracker` (its own LRU stack, blocks
+namespaced per tenant as the replay does); the effective distances of every request become a
+:class:`~kvtier.rebalance.planner.TenantProfile`. :func:`plan` divides every capacity with
+:func:`~kvtier.rebalance.planner.split` and :func:`evaluate` replays the split's hits through the
+replay's own :class:`~kvtier.sim.replay.PrefillQueue` s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kvtier.rebalance.planner import TenantProfile
-from kvtier.sim.replay import TenantWorkload
+from kvtier.rebalance.planner import (
+    PEAK_WINDOW_SECONDS,
+    CapacityOutcome,
+    PriceTable,
+    Targets,
+    TenantOutcome,
+    TenantProfile,
+    pick,
+    priced,
+    split,
+)
+from kvtier.sim.replay import PrefillQueue, TenantWorkload, percentile
 from kvtier.sim.scenario import Scenario
 from kvtier.sim.stackdist import StackDistanceTracker
 
@@ -70,3 +85,104 @@ def trace_scenario(traces: Sequence[tuple[str, Path]], *, capacity_blocks: int, 
         "tenants": [{"name": name, "trace": str(Path(path).resolve()), **tenant} for name, path in traces],
         "policies": ["oracle-static"],
     })
+
+
+def evaluate(profiles: Sequence[TenantProfile], quotas: Mapping[str, int], *, block_bytes: int,
+             read_bandwidth: float | None = None) -> CapacityOutcome:
+    """Hits, savings, TTFT and read bandwidth of a static split (quotas in blocks)."""
+    per_tenant: dict[str, TenantOutcome] = {}
+    ttfts: list[float] = []
+    reads: list[tuple[float, float]] = []
+    first, last = math.inf, -math.inf
+    saved_total = 0.0
+    for profile in profiles:
+        quota = quotas[profile.name]
+        queues = [PrefillQueue(profile.cost, profile.cpu_read_bytes_per_second) for _ in range(profile.replicas)]
+        bt = profile.block_tokens
+        kv_bytes = profile.cost.kv_bytes_per_token
+        accessed = hit_blocks = hit_tokens_total = 0
+        read_bytes = 0.0
+        for arrival, prompt, distances in zip(profile.arrivals, profile.prompt_tokens, profile.distances):
+            hits = bisect.bisect_right(distances, quota)
+            hit_tokens = min(hits * bt, prompt)
+            accessed += len(distances)
+            hit_blocks += hits
+            hit_tokens_total += hit_tokens
+            queue = queues[0] if len(queues) == 1 else min(queues, key=lambda q: q.gpu_free_at)
+            queue.serve(arrival, prompt, (0, 0, hit_tokens))
+            if hit_tokens:
+                reads.append((arrival, hit_tokens * kv_bytes))
+                read_bytes += hit_tokens * kv_bytes
+        if profile.arrivals:
+            first, last = min(first, profile.arrivals[0]), max(last, profile.arrivals[-1])
+        saved = sum(queue.gpu_seconds_saved for queue in queues)
+        saved_total += saved
+        for queue in queues:
+            ttfts.extend(queue.ttfts)
+        per_tenant[profile.name] = TenantOutcome(quota, len(profile.arrivals), accessed, hit_blocks,
+                                                 sum(profile.prompt_tokens), hit_tokens_total, saved, read_bytes)
+    span = max(last - first, PEAK_WINDOW_SECONDS) if reads or ttfts else PEAK_WINDOW_SECONDS
+    ttfts.sort()
+    capacity_blocks = sum(quotas.values())
+    return CapacityOutcome(
+        capacity_blocks=capacity_blocks,
+        capacity_bytes=capacity_blocks * block_bytes,
+        per_tenant=per_tenant,
+        gpu_seconds_saved_per_hour=saved_total / span * 3600,
+        ttft_p50_seconds=percentile(ttfts, 50),
+        ttft_p99_seconds=percentile(ttfts, 99),
+        read_bytes_per_second_mean=sum(t.read_bytes for t in per_tenant.values()) / span,
+        read_bytes_per_second_peak=_peak_rate(reads, PEAK_WINDOW_SECONDS),
+        read_bandwidth=read_bandwidth,
+    )
+
+
+def _peak_rate(events: list[tuple[float, float]], window: float) -> float:
+    """The largest bytes per second over any ``window`` seconds (sliding over the events)."""
+    events.sort()
+    peak = running = 0.0
+    start = 0
+    for end in range(len(events)):
+        running += events[end][1]
+        while events[end][0] - events[start][0] >= window:
+            running -= events[start][1]
+            start += 1
+        peak = max(peak, running)
+    return peak / window
+
+
+def plan(profiles: Sequence[TenantProfile], capacities_blocks: Sequence[int], *, block_bytes: int,
+         read_bandwidth: float | None = None, prices: PriceTable | None = None) -> list[CapacityOutcome]:
+    """Every capacity (ascending), divided by the allocator and evaluated, priced when ``prices``."""
+    if not profiles:
+        raise ValueError("nothing to plan: no tenants")
+    outcomes = []
+    for capacity in sorted(set(capacities_blocks)):
+        if capacity < sum(profile.min_blocks for profile in profiles):
+            raise ValueError(f"capacity {capacity} blocks is below the tenants' minimums")
+        quotas = split(profiles, capacity)
+        outcome = evaluate(profiles, quotas, block_bytes=block_bytes, read_bandwidth=read_bandwidth)
+        outcomes.append(priced(outcome, capacity, block_bytes, read_bandwidth, prices))
+    return outcomes
+
+
+def refine(profiles: Sequence[TenantProfile], outcomes: Sequence[CapacityOutcome], targets: Targets, *,
+           block_bytes: int, read_bandwidth: float | None = None, prices: PriceTable | None = None,
+           steps: int = 4) -> list[CapacityOutcome]:
+    """``outcomes`` plus up to ``steps`` bisections between the pick and the largest capacity below it
+    that misses, so the pick lands within 1/2^steps of that gap (hit ratio and savings grow with
+    capacity: the allocator never predicts less for more)."""
+    amortization = prices.amortization_years if prices is not None else 3.0
+    outcomes = sorted(outcomes, key=lambda o: o.capacity_blocks)
+    for _ in range(steps):
+        chosen = pick(outcomes, targets, amortization).capacity
+        below = [o for o in outcomes if o.capacity_blocks < chosen.capacity_blocks] if chosen else []
+        if chosen is None or not below:
+            break
+        middle = (below[-1].capacity_blocks + chosen.capacity_blocks) // 2
+        if middle <= below[-1].capacity_blocks:
+            break
+        outcomes = sorted([*outcomes, *plan(profiles, [middle], block_bytes=block_bytes,
+                                            read_bandwidth=read_bandwidth, prices=prices)],
+                          key=lambda o: o.capacity_blocks)
+    return outcomes
