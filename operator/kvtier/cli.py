@@ -13,6 +13,7 @@ import click
 from kvtier import __version__
 from kvtier.probe.options import ProbeOptions
 from kvtier.probe.options import command_options as probe_command_options
+from kvtier.rebalance.costmodel import PRESETS as COST_MODEL_PRESETS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -463,7 +464,7 @@ def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: fl
               help="A deployment's Mooncake-format trace (repeatable), instead of --scenario; the options below "
                    "give every trace the same tenant fields.")
 @click.option("--capacity", "capacity", default=None, help="With --trace: the current pool capacity (e.g. 2Ti).")
-@click.option("--cost-model", type=click.Choice(sorted(__import__("kvtier.rebalance.costmodel").rebalance.costmodel.PRESETS)),
+@click.option("--cost-model", type=click.Choice(sorted(COST_MODEL_PRESETS)),
               default="llama-3-70b-4xh100", show_default=True, help="With --trace: the deployments' cost model preset.")
 @click.option("--block-tokens", type=click.IntRange(1), default=512, show_default=True, help="With --trace.")
 @click.option("--storage-read-bytes-per-second", type=click.FloatRange(min=1), default=5.23e9, show_default=True,
@@ -516,23 +517,27 @@ def plan(scenario_path: Path | None, traces: tuple[str, ...], capacity: str | No
                                          param_hint="--capacity")
             named = [tuple(item.split("=", 1)) if "=" in item else (Path(item).stem, item) for item in traces]
             kv_bytes = preset(cost_model).kv_bytes_per_token
-            block = block_tokens * kv_bytes
-            current = quantity(capacity, "--capacity") // block if capacity else None
+            given = quantity(capacity, "--capacity") // (block_tokens * kv_bytes) if capacity else 0
             scenario = planning.trace_scenario(
-                [(name, Path(path)) for name, path in named], capacity_blocks=current or 1, block_tokens=block_tokens,
-                kv_bytes_per_token=kv_bytes, prefill_tokens_per_second=1.0,
+                [(name, Path(path)) for name, path in named], capacity_blocks=given, block_tokens=block_tokens,
+                kv_bytes_per_token=kv_bytes, prefill_tokens_per_second=1.0,  # unused: the preset prefills
                 storage_read_bytes_per_second=storage_read_bytes_per_second, cost_model=cost_model)
         profiles = planning.profiles(scenario)
     except (ValidationError, OSError, ValueError) as error:
         raise click.ClickException(f"{scenario_path or ', '.join(traces)}: {error}") from error
+    for caveat in planning.caveats(scenario):
+        click.echo(f"note: {caveat}", err=True)
     block = planning.block_bytes(scenario)
-    current = scenario.capacity_blocks if scenario_path is not None or capacity else 0
+    current = scenario.capacity_blocks
     if capacities is not None:
         tried = [quantity(item, "--capacities") // block for item in capacities.split(",") if item.strip()]
         if not tried or min(tried) < 1:
             raise click.BadParameter("needs capacities of at least one block each", param_hint="--capacities")
-    else:
+    elif current:
         tried = planner.default_capacities(current)
+    else:
+        raise click.BadParameter("the current capacity is less than one block; give --capacities",
+                                 param_hint="--capacity")
     prices = None
     if prices_path is not None:
         try:

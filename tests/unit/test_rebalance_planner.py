@@ -157,3 +157,17 @@ def test_refine_bisects_toward_the_smallest_capacity_meeting_the_target():
     refined = planning.refine([tenant], coarse, planner.Targets(hit_ratio=0.5), block_bytes=1, steps=8)
     chosen = planner.pick(refined, planner.Targets(hit_ratio=0.5))
     assert chosen.capacity.capacity_blocks == 40
+
+
+def test_caveats_name_tenants_with_tiers_in_front_of_the_pool(tmp_path):
+    from kvtier.sim.scenario import Scenario
+
+    tenant = {"trace": "t.jsonl", "kvBytesPerToken": 1, "prefillTokensPerSecond": 1, "storageReadBytesPerSecond": 1}
+    scenario = Scenario.model_validate({
+        "version": 1, "name": "s", "epochSeconds": 1, "scrapeSeconds": 1, "pool": {"capacityBlocks": 4},
+        "policies": ["equal"],
+        "tenants": [{"name": "plain", **tenant}, {"name": "fronted", "cpuBlocks": 8, **tenant}]})
+    assert planning.caveats(scenario) == [
+        "tenants fronted have HBM/CPU tiers in front of the pool (hbmBlocks/cpuBlocks); the plan takes the pool as "
+        "their only tier, so it over-states the pool's hits for them"]
+    assert planning.caveats(scenario.model_copy(update={"tenants": scenario.tenants[:1]})) == []

@@ -10,8 +10,10 @@ from kvtier.rebalance.planner import CapacityOutcome, Pick, PriceTable, Targets
 
 
 def _bytes(value: float) -> str:
-    """Capacities in TiB with two decimals (GiB below one TiB): comparable down a column."""
-    return f"{value / 2**40:,.2f}Ti" if value >= 2**40 else f"{value / 2**30:,.0f}Gi"
+    """Capacities in TiB with two decimals (GiB, MiB below): comparable down a column."""
+    if value >= 2**40:
+        return f"{value / 2**40:,.2f}Ti"
+    return f"{value / 2**30:,.0f}Gi" if value >= 2**30 else f"{value / 2**20:,.0f}Mi"
 
 
 def _rate(value: float | None) -> str:
@@ -129,7 +131,8 @@ def plot(outcomes: Sequence[CapacityOutcome], current_blocks: int, block_bytes: 
     gpu.set_xlabel("pool capacity (TiB, log scale)")
     gpu.set_xscale("log")
     for axes, values in ((hits, [o.block_hit_ratio for o in outcomes]), (gpu, saved)):
-        axes.axvline(current_tb, color="gray", linestyle=":", linewidth=2, label=f"current {current_tb:,.2f} TiB")
+        if current_blocks:
+            axes.axvline(current_tb, color="gray", linestyle=":", linewidth=2, label=f"current {current_tb:,.2f} TiB")
         if pick_tb is not None:
             axes.axvline(pick_tb, color="tab:purple", linewidth=2, label=f"pick {pick_tb:,.2f} TiB")
             axes.plot([pick_tb], [values[tb.index(pick_tb)]], "*", color="tab:purple", markersize=16)

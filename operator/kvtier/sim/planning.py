@@ -55,6 +55,15 @@ def profiles(scenario: Scenario, workloads: Sequence[TenantWorkload] | None = No
     return result
 
 
+def caveats(scenario: Scenario) -> list[str]:
+    """What the plan does not model for this scenario, in words (the CLI prints them)."""
+    fronted = [tenant.name for tenant in scenario.tenants if tenant.hbm_blocks or tenant.cpu_blocks]
+    if not fronted:
+        return []
+    return [f"tenants {', '.join(fronted)} have HBM/CPU tiers in front of the pool (hbmBlocks/cpuBlocks); the "
+            "plan takes the pool as their only tier, so it over-states the pool's hits for them"]
+
+
 def block_bytes(scenario: Scenario) -> int:
     """Bytes of one pool block (the first tenant's, as a scenario's byte capacity is converted)."""
     return scenario.block_tokens * scenario.tenants[0].kv_bytes_per_token
