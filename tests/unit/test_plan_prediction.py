@@ -4,7 +4,8 @@ For a capacity, the planner divides the pool with the production allocator and p
 split's hits, TTFT and GPU seconds saved from the tenants' exact LRU curves. Here the replay (the
 engines' own LRU partitions, the code `kvtier sim replay` runs) serves the same split, and the
 oracle-static policy's division at that capacity, and the predictions must match the measurements.
-Scenarios: the public one, and two of bench/ built from both Mooncake traces.
+Scenarios: the public one, bench/'s conv-syn-tiny and our own plan-mixed-models (both Mooncake
+traces on two models, with a weight and min/max bounds).
 """
 
 import pytest
@@ -17,7 +18,7 @@ from kvtier.sim.scenario import load_scenario
 from tests.conftest import REPO_ROOT, SHARED
 
 SCENARIOS = [SHARED / "scenarios" / "three-phased.yaml", REPO_ROOT / "bench" / "scenarios" / "conv-syn-tiny.yaml",
-             REPO_ROOT / "bench" / "scenarios" / "four-syn-rotating.yaml"]
+             REPO_ROOT / "tests" / "data" / "scenarios" / "plan-mixed-models.yaml"]
 TOLERANCE = 0.02
 
 
