@@ -3,6 +3,8 @@
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvtier.rebalance import planner
 from kvtier.sim import planning
@@ -38,6 +40,14 @@ def test_evaluate_hits_what_an_lru_of_the_quota_hits(quota):
     outcome = planning.evaluate([tenant], {"a": quota}, block_bytes=BLOCK_TOKENS * 327680)
     assert outcome.per_tenant["a"].hit_blocks == lru_hits(REQUESTS, quota)
     assert outcome.per_tenant["a"].accessed_blocks == sum(map(len, REQUESTS))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=6, unique=True), max_size=30), st.integers(0, 14))
+def test_evaluate_matches_an_lru_on_any_stream(requests, quota):
+    tenant = profile("a", requests)
+    outcome = planning.evaluate([tenant], {"a": quota}, block_bytes=1)
+    assert outcome.per_tenant["a"].hit_blocks == lru_hits(requests, quota)
 
 
 def test_token_hits_count_a_partial_last_block_once():
