@@ -13,6 +13,7 @@ import click
 from kvtier import __version__
 from kvtier.probe.options import ProbeOptions
 from kvtier.probe.options import command_options as probe_command_options
+from kvtier.rebalance.costmodel import PRESETS as COST_MODEL_PRESETS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -454,3 +455,110 @@ def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: fl
                             status_interval_seconds=status_interval, telemetry_window_seconds=telemetry_window,
                             peering=peering, priority=priority, namespace=operator_namespace)
     asyncio.run(run_operator(config, liveness_endpoint=liveness))
+
+
+@main.command()
+@click.option("--scenario", "scenario_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Replay scenario (scenarios/README.md): its tenants, their traces and cost models, and the pool.")
+@click.option("--trace", "traces", multiple=True, metavar="[NAME=]FILE",
+              help="A deployment's Mooncake-format trace (repeatable), instead of --scenario; the options below "
+                   "give every trace the same tenant fields.")
+@click.option("--capacity", "capacity", default=None, help="With --trace: the current pool capacity (e.g. 2Ti).")
+@click.option("--cost-model", type=click.Choice(sorted(COST_MODEL_PRESETS)),
+              default="llama-3-70b-4xh100", show_default=True, help="With --trace: the deployments' cost model preset.")
+@click.option("--block-tokens", type=click.IntRange(1), default=512, show_default=True, help="With --trace.")
+@click.option("--storage-read-bytes-per-second", type=click.FloatRange(min=1), default=5.23e9, show_default=True,
+              help="With --trace: what one replica reads from the pool.")
+@click.option("--capacities", default=None, metavar="Q,Q,...",
+              help="Capacities to try, e.g. 10Ti,20Ti (default: 0.25x to 4x the current one).")
+@click.option("--read-bandwidth", default=None, metavar="BYTES/S",
+              help="The pool's total read bandwidth (a quantity, e.g. 25G); default: the chosen price row's arrays'.")
+@click.option("--prices", "prices_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Price table (manifests/examples/prices-fx100.yaml shows the format).")
+@click.option("--target-hit-ratio", type=click.FloatRange(0, 1), default=None, help="Pick the smallest capacity "
+              "whose overall block hit ratio reaches this.")
+@click.option("--target-ttft-p50", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="... whose TTFT p50 is at most this.")
+@click.option("--max-price-per-saved-gpu-hour", type=click.FloatRange(min=0), default=None,
+              help="... whose price per saved GPU-hour (amortized as the price table says) is at most this.")
+@click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the table.")
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a PNG: hit ratio and saved GPU-hours against capacity.")
+def plan(scenario_path: Path | None, traces: tuple[str, ...], capacity: str | None, cost_model: str, block_tokens: int,
+         storage_read_bytes_per_second: float, capacities: str | None, read_bandwidth: str | None,
+         prices_path: Path | None, target_hit_ratio: float | None, target_ttft_p50: float | None,
+         max_price_per_saved_gpu_hour: float | None, json_out: bool, plot_out: Path | None) -> None:
+    """Capacity planning: what each pool size would earn, divided as the rebalancer divides it, and what it costs."""
+    import json
+
+    import yaml
+    from pydantic import ValidationError
+
+    from kvtier.api.units import parse_quantity
+    from kvtier.rebalance import planner, planreport
+    from kvtier.rebalance.costmodel import preset
+    from kvtier.sim import planning
+    from kvtier.sim.scenario import load_scenario
+
+    def quantity(text: str, hint: str) -> int:
+        try:
+            return parse_quantity(text.strip())
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint=hint) from error
+
+    if (scenario_path is None) == (not traces):
+        raise click.UsageError("give exactly one source: --scenario FILE or --trace FILE ...")
+    try:
+        if scenario_path is not None:
+            scenario = load_scenario(scenario_path)
+        else:
+            if capacity is None and capacities is None:
+                raise click.BadParameter("--trace needs --capacity (the current pool) or --capacities",
+                                         param_hint="--capacity")
+            named = [tuple(item.split("=", 1)) if "=" in item else (Path(item).stem, item) for item in traces]
+            kv_bytes = preset(cost_model).kv_bytes_per_token
+            given = quantity(capacity, "--capacity") // (block_tokens * kv_bytes) if capacity else 0
+            scenario = planning.trace_scenario(
+                [(name, Path(path)) for name, path in named], capacity_blocks=given, block_tokens=block_tokens,
+                kv_bytes_per_token=kv_bytes, prefill_tokens_per_second=1.0,  # unused: the preset prefills
+                storage_read_bytes_per_second=storage_read_bytes_per_second, cost_model=cost_model)
+        profiles = planning.profiles(scenario)
+    except (ValidationError, OSError, ValueError) as error:
+        raise click.ClickException(f"{scenario_path or ', '.join(traces)}: {error}") from error
+    for caveat in planning.caveats(scenario):
+        click.echo(f"note: {caveat}", err=True)
+    block = planning.block_bytes(scenario)
+    current = scenario.capacity_blocks
+    if capacities is not None:
+        tried = [quantity(item, "--capacities") // block for item in capacities.split(",") if item.strip()]
+        if not tried or min(tried) < 1:
+            raise click.BadParameter("needs capacities of at least one block each", param_hint="--capacities")
+    elif current:
+        tried = planner.default_capacities(current)
+    else:
+        raise click.BadParameter("the current capacity is less than one block; give --capacities",
+                                 param_hint="--capacity")
+    prices = None
+    if prices_path is not None:
+        try:
+            prices = planner.price_table(yaml.safe_load(prices_path.read_text()))
+        except (OSError, yaml.YAMLError, ValueError) as error:
+            raise click.ClickException(f"{prices_path}: {error}") from error
+    bandwidth = float(quantity(read_bandwidth, "--read-bandwidth")) if read_bandwidth else None
+    try:
+        outcomes = planning.plan(profiles, tried, block_bytes=block, read_bandwidth=bandwidth, prices=prices)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from error
+    targets = planner.Targets(target_hit_ratio, target_ttft_p50, max_price_per_saved_gpu_hour)
+    if capacities is None:  # a default grid is coarse: bisect toward the smallest capacity that meets the targets
+        outcomes = planning.refine(profiles, outcomes, targets, block_bytes=block, read_bandwidth=bandwidth,
+                                  prices=prices)
+    chosen = planner.pick(outcomes, targets, prices.amortization_years if prices else 3.0)
+    if json_out:
+        click.echo(json.dumps(planreport.to_json(outcomes, current, block, targets, chosen, prices), indent=2))
+    else:
+        click.echo(planreport.table(outcomes, current, chosen, prices))
+    if plot_out is not None:
+        plot_out.parent.mkdir(parents=True, exist_ok=True)
+        planreport.plot(outcomes, current, block, targets, chosen, scenario.name, plot_out)
+        click.echo(f"wrote {plot_out}", err=True)
