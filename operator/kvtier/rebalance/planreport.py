@@ -16,6 +16,10 @@ def _bytes(value: float) -> str:
     return f"{value / 2**30:,.0f}Gi" if value >= 2**30 else f"{value / 2**20:,.0f}Mi"
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e9:.1f}"
 
@@ -38,8 +42,8 @@ def table(outcomes: Sequence[CapacityOutcome], current_blocks: int, chosen: Pick
             f"{outcome.block_hit_ratio:.3f}",
             f"{outcome.token_hit_ratio:.3f}",
             f"{outcome.gpu_seconds_saved_per_hour:,.0f}",
-            f"{outcome.ttft_p50_seconds:.3g}",
-            f"{outcome.ttft_p99_seconds:.3g}",
+            _seconds(outcome.ttft_p50_seconds),
+            _seconds(outcome.ttft_p99_seconds),
             f"{_rate(outcome.read_bytes_per_second_mean)}/{_rate(outcome.read_bytes_per_second_peak)}",
             _rate(outcome.read_bandwidth) + (" SATURATED" if outcome.saturated else ""),
         ]
