@@ -148,6 +148,9 @@ def test_pick_the_smallest_capacity_meeting_every_target():
     assert chosen.capacity.capacity_blocks == 30
     none = planner.pick(outcomes, planner.Targets(hit_ratio=0.9))
     assert none.capacity is None and "no capacity tried meets block hit ratio >= 0.9" in none.reason
+    assert "try larger --capacities" in none.reason
+    flat = planner.pick([*outcomes, outcome(40, 0.5)], planner.Targets(hit_ratio=0.9))
+    assert "from 30 blocks" in flat.reason and "more capacity does not help" in flat.reason
     assert planner.pick(outcomes, planner.Targets()).capacity is None
 
 

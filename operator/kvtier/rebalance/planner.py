@@ -408,11 +408,16 @@ def pick(outcomes: Sequence[CapacityOutcome], targets: Targets, amortization_yea
     if targets.ttft_p50_seconds is not None and all(o.ttft_p50_seconds is None for o in outcomes):
         return Pick(None, "--target-ttft-p50 needs requests to queue (--scenario or --trace); published curves "
                           "carry no TTFT")
-    best = max(outcomes, key=lambda o: o.block_hit_ratio)
+    ordered = sorted(outcomes, key=lambda o: o.capacity_blocks)
+    best_ratio = max(o.block_hit_ratio for o in ordered)
+    best = next(o for o in ordered if o.block_hit_ratio >= best_ratio - 1e-9)
     ttfts = [o.ttft_p50_seconds for o in outcomes if o.ttft_p50_seconds is not None]
     ttft = f", TTFT p50 {min(ttfts):.3g} s at best" if ttfts else ""
+    advice = ("try larger --capacities" if best is ordered[-1] else
+              "more capacity does not help: the hit ratio stops growing there (the curves' reach, or the "
+              "deployments' max)")
     return Pick(None, "no capacity tried meets " + _describe(targets) + f" (best block hit ratio "
-                f"{best.block_hit_ratio:.3f} at {best.capacity_blocks:,} blocks{ttft}); try larger --capacities")
+                f"{best.block_hit_ratio:.3f}, from {best.capacity_blocks:,} blocks{ttft}); {advice}")
 
 
 def _meets(outcome: CapacityOutcome, targets: Targets, amortization_years: float) -> list[str] | None:
