@@ -5,18 +5,22 @@ distances with prefix semantics (the same distances the probe and the replay's o
 their arrivals and prompt lengths, and its cost model. For every candidate capacity the planner
 (:func:`plan` runs the steps)
 
-1. :func:`split` builds each tenant's demand curve (hit tokens at a quota of 0, 1, 2, ... allocation units; a
-   unit is about capacity / :data:`PLAN_UNITS` blocks, the operator's granularity) and values a hit
+1. :func:`split` builds each tenant's demand curve (hit tokens at a quota of 0, 1, 2, ... allocation
+   units; a unit is about capacity / :data:`PLAN_UNITS` blocks, the operator's granularity) and values a hit
    token by the GPU seconds it saves over the tenant's mean prompt, as the rebalancer's
    ``MarginalGain`` does, and divides the capacity with the production allocator
    (:func:`~kvtier.rebalance.allocator.allocate`, within each tenant's min/max);
-2. :func:`kvtier.sim.planning.evaluate` evaluates that static split exactly: a request hits its blocks of effective distance <= its
-   tenant's quota (an LRU partition of fixed size hits exactly those), so block and token hit
-   ratios are what a replay of the split measures; GPU prefill seconds saved and TTFT p50/p99 come
-   from replaying the hits through the replay's :class:`~kvtier.sim.replay.PrefillQueue` (the cost
-   model's prefill time, storage loads overlapping compute layer by layer, one queue per replica);
+2. :func:`kvtier.sim.planning.evaluate` evaluates that static split exactly: a request hits its
+   blocks of effective distance <= its tenant's quota (an LRU partition of fixed size hits exactly
+   those), so block and token hit ratios are what a replay of the split measures; GPU prefill
+   seconds saved and TTFT p50/p99 come from replaying the hits through the replay's
+   :class:`~kvtier.sim.replay.PrefillQueue` (the cost model's prefill time, storage loads
+   overlapping compute layer by layer, one queue per replica);
    the read bandwidth the hits need (mean over the run and the busiest minute) is compared with
    the pool's; :func:`priced` prices it from a :class:`PriceTable`.
+
+A live cluster publishes only a few points of each deployment's curve (:class:`CurveProfile`, read
+by :mod:`kvtier.rebalance.planlive`); :func:`evaluate_curves` then stands in for step 2, coarser.
 
 :func:`pick` chooses the smallest capacity that meets the targets. The method's limits
 (docs/capacity-planning.md): the curves describe the recorded window only, and the pool is taken to
