@@ -47,7 +47,8 @@ def test_predicted_hit_ratio_is_what_the_replay_measures(path):
     workloads = scenario.workloads()
     profiles = planning.profiles(scenario, workloads)
     capacities = [round(scenario.capacity_blocks * factor) for factor in (0.5, 1.0, 2.0)]
-    outcomes = planning.plan(profiles, capacities, block_bytes=planning.block_bytes(scenario))
+    outcomes = planner.plan(profiles, capacities, evaluate=planning.evaluate,
+                            block_bytes=planning.block_bytes(scenario))
     for predicted in outcomes:
         resized = at_capacity(scenario, predicted.capacity_blocks)
         quotas = {name: tenant.quota_blocks for name, tenant in predicted.per_tenant.items()}

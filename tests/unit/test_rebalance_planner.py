@@ -75,12 +75,12 @@ def test_bounds_are_kept():
     quotas = planner.split(tenants, 8)
     assert quotas["a"] <= 1 and quotas["b"] >= 4
     with pytest.raises(ValueError, match="minimums"):
-        planning.plan(tenants, [3], block_bytes=1)
+        planner.plan(tenants, [3], evaluate=planning.evaluate, block_bytes=1)
 
 
 def test_more_capacity_never_hits_less():
     tenants = [profile("a", REQUESTS), profile("b", [[20 + i % 5, 30 + i % 2] for i in range(20)])]
-    outcomes = planning.plan(tenants, range(0, 16), block_bytes=1)
+    outcomes = planner.plan(tenants, range(0, 16), evaluate=planning.evaluate, block_bytes=1)
     ratios = [o.block_hit_ratio for o in outcomes]
     assert ratios == sorted(ratios) and ratios[-1] > ratios[0]
 
@@ -148,6 +148,9 @@ def test_pick_the_smallest_capacity_meeting_every_target():
     assert chosen.capacity.capacity_blocks == 30
     none = planner.pick(outcomes, planner.Targets(hit_ratio=0.9))
     assert none.capacity is None and "no capacity tried meets block hit ratio >= 0.9" in none.reason
+    assert "try larger --capacities" in none.reason
+    flat = planner.pick([*outcomes, outcome(40, 0.5)], planner.Targets(hit_ratio=0.9))
+    assert "from 30 blocks" in flat.reason and "more capacity does not help" in flat.reason
     assert planner.pick(outcomes, planner.Targets()).capacity is None
 
 
@@ -163,8 +166,9 @@ def test_pick_by_price_per_saved_gpu_hour():
 
 def test_refine_bisects_toward_the_smallest_capacity_meeting_the_target():
     tenant = profile("a", [[i % 40] for i in range(400)])  # a loop of 40 blocks: hits only from 40 blocks on
-    coarse = planning.plan([tenant], [10, 80], block_bytes=1)
-    refined = planning.refine([tenant], coarse, planner.Targets(hit_ratio=0.5), block_bytes=1, steps=8)
+    coarse = planner.plan([tenant], [10, 80], evaluate=planning.evaluate, block_bytes=1)
+    refined = planner.refine([tenant], coarse, planner.Targets(hit_ratio=0.5), evaluate=planning.evaluate,
+                             block_bytes=1, steps=8)
     chosen = planner.pick(refined, planner.Targets(hit_ratio=0.5))
     assert chosen.capacity.capacity_blocks == 40
 
@@ -181,3 +185,38 @@ def test_caveats_name_tenants_with_tiers_in_front_of_the_pool(tmp_path):
         "tenants fronted have HBM/CPU tiers in front of the pool (hbmBlocks/cpuBlocks); the plan takes the pool as "
         "their only tier, so it over-states the pool's hits for them"]
     assert planning.caveats(scenario.model_copy(update={"tenants": scenario.tenants[:1]})) == []
+
+
+def test_live_pools_read_chunk_curves_bounds_and_say_who_is_left_out():
+    import copy
+
+    import yaml
+
+    from kvtier.rebalance.costmodel import preset
+    from kvtier.rebalance.planlive import LIVE_BLOCK_BYTES, live_pools
+    from tests.conftest import EXAMPLES
+
+    pool = next(d for d in yaml.safe_load_all((EXAMPLES / "kvpool.yaml").read_text()) if d)
+    deployment = next(d for d in yaml.safe_load_all((EXAMPLES / "inferencedeployment.yaml").read_text()) if d)
+    deployment["metadata"]["namespace"] = "ml"
+    chunk_bytes = deployment["spec"]["kvCache"].get("chunkSize", 256) * 253952  # the example's model
+    published = copy.deepcopy(deployment)
+    published["status"] = {"kv": {"promptTokensPerSecond": 100.0, "demand": {
+        "unit": "chunks", "points": [{"capacity": 1000, "hitRatio": 0.5}]}}}
+    silent = copy.deepcopy(deployment)
+    silent["metadata"]["name"] = "silent"
+    broken = {"kind": "InferenceDeployment", "metadata": {"name": "broken"}, "spec": {"replicas": "many"}}
+    [live] = live_pools([pool], [published, silent, broken], preset("llama-3-70b-4xh100"))
+    [profile] = live.profiles
+    assert profile.name == "ml/coder-480b" and live.without_curve == [
+        "ml/silent: no status.kv.demand yet (the probe publishes it once lookups arrive)"]
+    replicas = deployment["spec"]["replicas"]
+    assert profile.points == [(1000 * chunk_bytes, 0.5)]
+    assert profile.hit_ratio(500 * chunk_bytes * replicas / LIVE_BLOCK_BYTES) == pytest.approx(0.25)
+    assert profile.hit_ratio(10**9) == 0.5
+    outcome = planner.evaluate_curves([profile], {profile.name: 10**9}, block_bytes=LIVE_BLOCK_BYTES)
+    assert outcome.token_hit_ratio == pytest.approx(0.5) and outcome.ttft_p50_seconds is None
+    assert outcome.gpu_seconds_saved_per_hour == pytest.approx(100 * 3600 * 0.5 * profile.saved_per_hit_token)
+    assert live.read_bandwidth == 5e9 * replicas  # spec.readBandwidth is what one replica reads
+    ttft = planner.pick([outcome], planner.Targets(ttft_p50_seconds=1.0))
+    assert ttft.capacity is None and "needs requests to queue" in ttft.reason

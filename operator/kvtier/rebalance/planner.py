@@ -3,20 +3,24 @@
 Input: per tenant (deployment) a :class:`TenantProfile`: its requests' *effective* LRU stack
 distances with prefix semantics (the same distances the probe and the replay's oracles compute),
 their arrivals and prompt lengths, and its cost model. For every candidate capacity the planner
-(:func:`kvtier.sim.planning.plan` runs the steps)
+(:func:`plan` runs the steps)
 
-1. :func:`split` builds each tenant's demand curve (hit tokens at a quota of 0, 1, 2, ... allocation units; a
-   unit is about capacity / :data:`PLAN_UNITS` blocks, the operator's granularity) and values a hit
+1. :func:`split` builds each tenant's demand curve (hit tokens at a quota of 0, 1, 2, ... allocation
+   units; a unit is about capacity / :data:`PLAN_UNITS` blocks, the operator's granularity) and values a hit
    token by the GPU seconds it saves over the tenant's mean prompt, as the rebalancer's
    ``MarginalGain`` does, and divides the capacity with the production allocator
    (:func:`~kvtier.rebalance.allocator.allocate`, within each tenant's min/max);
-2. :func:`kvtier.sim.planning.evaluate` evaluates that static split exactly: a request hits its blocks of effective distance <= its
-   tenant's quota (an LRU partition of fixed size hits exactly those), so block and token hit
-   ratios are what a replay of the split measures; GPU prefill seconds saved and TTFT p50/p99 come
-   from replaying the hits through the replay's :class:`~kvtier.sim.replay.PrefillQueue` (the cost
-   model's prefill time, storage loads overlapping compute layer by layer, one queue per replica);
+2. :func:`kvtier.sim.planning.evaluate` evaluates that static split exactly: a request hits its
+   blocks of effective distance <= its tenant's quota (an LRU partition of fixed size hits exactly
+   those), so block and token hit ratios are what a replay of the split measures; GPU prefill
+   seconds saved and TTFT p50/p99 come from replaying the hits through the replay's
+   :class:`~kvtier.sim.replay.PrefillQueue` (the cost model's prefill time, storage loads
+   overlapping compute layer by layer, one queue per replica);
    the read bandwidth the hits need (mean over the run and the busiest minute) is compared with
    the pool's; :func:`priced` prices it from a :class:`PriceTable`.
+
+A live cluster publishes only a few points of each deployment's curve (:class:`CurveProfile`, read
+by :mod:`kvtier.rebalance.planlive`); :func:`evaluate_curves` then stands in for step 2, coarser.
 
 :func:`pick` chooses the smallest capacity that meets the targets. The method's limits
 (docs/capacity-planning.md): the curves describe the recorded window only, and the pool is taken to
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -103,6 +107,68 @@ class TenantProfile:
             max_units = max(max_units, min_units)
         return Demand(curve, hit_value=self.cost.saved_per_hit_token(self.mean_prompt_tokens), weight=self.weight,
                       min_units=min_units, max_units=max_units)
+
+
+@dataclass(frozen=True)
+class CurveProfile:
+    """A live deployment as its ``status.kv`` publishes it: a few points of its demand curve (the share of
+    lookups an LRU of a capacity per replica would hit) and its prompt rate; plans in pool blocks of
+    ``block_bytes``."""
+
+    name: str
+    points: Sequence[tuple[float, float]]
+    """(bytes per replica, hit ratio), ascending; the curve is 0 at 0, linear between points, flat beyond."""
+    replicas: int
+    prompt_tokens_per_second: float
+    kv_bytes_per_token: int
+    block_bytes: int
+    saved_per_hit_token: float
+    """GPU seconds one hit token saves."""
+    weight: float = 1.0
+    min_blocks: int = 0
+    max_blocks: int | None = None
+
+    def hit_ratio(self, quota_blocks: float) -> float:
+        """Hit ratio at a total quota (blocks over all replicas)."""
+        per_replica = quota_blocks * self.block_bytes / max(1, self.replicas)
+        previous = (0.0, 0.0)
+        for point in self.points:
+            if per_replica <= point[0]:
+                span = point[0] - previous[0]
+                share = (per_replica - previous[0]) / span if span > 0 else 1.0
+                return previous[1] + share * (point[1] - previous[1])
+            previous = point
+        return previous[1]
+
+    def demand(self, units: int, unit_blocks: int) -> Demand:
+        """Hit tokens per second at 0..units units, each worth the GPU seconds it saves."""
+        curve = [self.prompt_tokens_per_second * self.hit_ratio(k * unit_blocks) for k in range(units + 1)]
+        max_units = None if self.max_blocks is None else max(self.max_blocks // unit_blocks,
+                                                             -(-self.min_blocks // unit_blocks))
+        return Demand(curve, hit_value=self.saved_per_hit_token, weight=self.weight,
+                      min_units=-(-self.min_blocks // unit_blocks), max_units=max_units)
+
+
+def evaluate_curves(profiles: Sequence[CurveProfile], quotas: Mapping[str, int], *, block_bytes: int,
+                    read_bandwidth: float | None = None, chunk_tokens: int = 256) -> CapacityOutcome:
+    """An hour at the published rates under a split (quotas in blocks): token hits from the curves (the
+    curves count lookups, read here as tokens), blocks as ``chunk_tokens`` tokens; no TTFT, and the
+    read rate is the mean (the busiest minute is not published)."""
+    per_tenant = {}
+    for profile in profiles:
+        quota = quotas[profile.name]
+        prompt = profile.prompt_tokens_per_second * 3600
+        hits = prompt * profile.hit_ratio(quota)
+        per_tenant[profile.name] = TenantOutcome(
+            quota, 0, round(prompt / chunk_tokens), round(hits / chunk_tokens), round(prompt), round(hits),
+            hits * profile.saved_per_hit_token, hits * profile.kv_bytes_per_token)
+    read_rate = sum(t.read_bytes for t in per_tenant.values()) / 3600
+    return CapacityOutcome(
+        capacity_blocks=sum(quotas.values()), capacity_bytes=sum(quotas.values()) * block_bytes,
+        per_tenant=per_tenant,
+        gpu_seconds_saved_per_hour=sum(t.gpu_prefill_seconds_saved for t in per_tenant.values()),
+        ttft_p50_seconds=None, ttft_p99_seconds=None,
+        read_bytes_per_second_mean=read_rate, read_bytes_per_second_peak=read_rate, read_bandwidth=read_bandwidth)
 
 
 @dataclass(frozen=True)
@@ -183,8 +249,9 @@ class CapacityOutcome:
     capacity_bytes: int
     per_tenant: dict[str, TenantOutcome]
     gpu_seconds_saved_per_hour: float
-    ttft_p50_seconds: float
-    ttft_p99_seconds: float
+    ttft_p50_seconds: float | None
+    """None when the source has no requests to queue (published curves)."""
+    ttft_p99_seconds: float | None
     read_bytes_per_second_mean: float
     read_bytes_per_second_peak: float
     read_bandwidth: float | None
@@ -259,7 +326,7 @@ class Pick:
     reason: str
 
 
-def split(profiles: Sequence[TenantProfile], capacity_blocks: int) -> dict[str, int]:
+def split(profiles: Sequence[TenantProfile] | Sequence[CurveProfile], capacity_blocks: int) -> dict[str, int]:
     """The allocator's split of ``capacity_blocks`` (in whole allocation units), per tenant, in blocks."""
     unit_blocks = max(1, -(-capacity_blocks // PLAN_UNITS))
     units = capacity_blocks // unit_blocks
@@ -284,6 +351,49 @@ def priced(outcome: CapacityOutcome, capacity_blocks: int, block_bytes: int, rea
     return replace(outcome, **changes)
 
 
+Profiles = Sequence[TenantProfile] | Sequence[CurveProfile]
+#: Evaluates a split: ``evaluate(profiles, quotas, block_bytes=..., read_bandwidth=...)``
+#: (:func:`kvtier.sim.planning.evaluate` for recorded requests, :func:`evaluate_curves` for published curves).
+Evaluate = Callable[..., CapacityOutcome]
+
+
+def plan(profiles: Profiles, capacities_blocks: Sequence[int], *, evaluate: Evaluate, block_bytes: int,
+         read_bandwidth: float | None = None, prices: PriceTable | None = None) -> list[CapacityOutcome]:
+    """Every capacity (ascending), divided by :func:`split`, evaluated, priced when ``prices``."""
+    if not profiles:
+        raise ValueError("nothing to plan: no tenants")
+    outcomes = []
+    for capacity in sorted(set(capacities_blocks)):
+        if capacity < sum(profile.min_blocks for profile in profiles):
+            raise ValueError(f"capacity {capacity} blocks is below the tenants' minimums")
+        quotas = split(profiles, capacity)
+        outcome = evaluate(profiles, quotas, block_bytes=block_bytes, read_bandwidth=read_bandwidth)
+        outcomes.append(priced(outcome, capacity, block_bytes, read_bandwidth, prices))
+    return outcomes
+
+
+def refine(profiles: Profiles, outcomes: Sequence[CapacityOutcome], targets: Targets, *, evaluate: Evaluate,
+           block_bytes: int, read_bandwidth: float | None = None, prices: PriceTable | None = None,
+           steps: int = 4) -> list[CapacityOutcome]:
+    """``outcomes`` plus up to ``steps`` bisections between the pick and the largest capacity below it
+    that misses, so the pick lands within 1/2^steps of that gap (hit ratio and savings grow with
+    capacity: the allocator never predicts less for more)."""
+    amortization = prices.amortization_years if prices is not None else 3.0
+    outcomes = sorted(outcomes, key=lambda o: o.capacity_blocks)
+    for _ in range(steps):
+        chosen = pick(outcomes, targets, amortization).capacity
+        below = [o for o in outcomes if o.capacity_blocks < chosen.capacity_blocks] if chosen else []
+        if chosen is None or not below:
+            break
+        middle = (below[-1].capacity_blocks + chosen.capacity_blocks) // 2
+        if middle <= below[-1].capacity_blocks:
+            break
+        outcomes = sorted([*outcomes, *plan(profiles, [middle], evaluate=evaluate, block_bytes=block_bytes,
+                                            read_bandwidth=read_bandwidth, prices=prices)],
+                          key=lambda o: o.capacity_blocks)
+    return outcomes
+
+
 def default_capacities(current_blocks: int, factors: Sequence[float] = DEFAULT_FACTORS) -> list[int]:
     return sorted({max(1, round(current_blocks * factor)) for factor in factors})
 
@@ -299,10 +409,19 @@ def pick(outcomes: Sequence[CapacityOutcome], targets: Targets, amortization_yea
         if reasons is not None:
             note = "; reads would saturate the pool's read bandwidth" if outcome.saturated else ""
             return Pick(outcome, "smallest capacity with " + ", ".join(reasons) + note)
-    best = max(outcomes, key=lambda o: o.block_hit_ratio)
+    if targets.ttft_p50_seconds is not None and all(o.ttft_p50_seconds is None for o in outcomes):
+        return Pick(None, "--target-ttft-p50 needs requests to queue (--scenario or --trace); published curves "
+                          "carry no TTFT")
+    ordered = sorted(outcomes, key=lambda o: o.capacity_blocks)
+    best_ratio = max(o.block_hit_ratio for o in ordered)
+    best = next(o for o in ordered if o.block_hit_ratio >= best_ratio - 1e-9)
+    ttfts = [o.ttft_p50_seconds for o in outcomes if o.ttft_p50_seconds is not None]
+    ttft = f", TTFT p50 {min(ttfts):.3g} s at best" if ttfts else ""
+    advice = ("try larger --capacities" if best is ordered[-1] else
+              "more capacity does not help: the hit ratio stops growing there (the curves' reach, or the "
+              "deployments' max)")
     return Pick(None, "no capacity tried meets " + _describe(targets) + f" (best block hit ratio "
-                f"{best.block_hit_ratio:.3f} at {best.capacity_blocks:,} blocks, TTFT p50 "
-                f"{min(o.ttft_p50_seconds for o in outcomes):.3g} s at best); try larger --capacities")
+                f"{best.block_hit_ratio:.3f}, from {best.capacity_blocks:,} blocks{ttft}); {advice}")
 
 
 def _meets(outcome: CapacityOutcome, targets: Targets, amortization_years: float) -> list[str] | None:
@@ -312,7 +431,7 @@ def _meets(outcome: CapacityOutcome, targets: Targets, amortization_years: float
             return None
         reasons.append(f"block hit ratio {outcome.block_hit_ratio:.3f} >= {targets.hit_ratio}")
     if targets.ttft_p50_seconds is not None:
-        if outcome.ttft_p50_seconds > targets.ttft_p50_seconds:
+        if outcome.ttft_p50_seconds is None or outcome.ttft_p50_seconds > targets.ttft_p50_seconds:
             return None
         reasons.append(f"TTFT p50 {outcome.ttft_p50_seconds:.3g} s <= {targets.ttft_p50_seconds} s")
     if targets.max_price_per_saved_gpu_hour is not None:

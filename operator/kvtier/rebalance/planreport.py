@@ -16,6 +16,10 @@ def _bytes(value: float) -> str:
     return f"{value / 2**30:,.0f}Gi" if value >= 2**30 else f"{value / 2**20:,.0f}Mi"
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e9:.1f}"
 
@@ -31,15 +35,16 @@ def table(outcomes: Sequence[CapacityOutcome], current_blocks: int, chosen: Pick
         header += [f"price {currency}", f"{currency}/saved GPU-h"]
     rows = []
     for outcome in outcomes:
-        mark = "*" if chosen.capacity is not None and outcome.capacity_blocks == chosen.capacity.capacity_blocks else " "
+        picked = chosen.capacity is not None and outcome.capacity_blocks == chosen.capacity.capacity_blocks
+        mark = "*" if picked else " "
         row = [
             f"{mark}{_bytes(outcome.capacity_bytes)}",
             f"{outcome.capacity_blocks / current_blocks:.2f}" if current_blocks else "-",
             f"{outcome.block_hit_ratio:.3f}",
             f"{outcome.token_hit_ratio:.3f}",
             f"{outcome.gpu_seconds_saved_per_hour:,.0f}",
-            f"{outcome.ttft_p50_seconds:.3g}",
-            f"{outcome.ttft_p99_seconds:.3g}",
+            _seconds(outcome.ttft_p50_seconds),
+            _seconds(outcome.ttft_p99_seconds),
             f"{_rate(outcome.read_bytes_per_second_mean)}/{_rate(outcome.read_bytes_per_second_peak)}",
             _rate(outcome.read_bandwidth) + (" SATURATED" if outcome.saturated else ""),
         ]
@@ -51,14 +56,9 @@ def table(outcomes: Sequence[CapacityOutcome], current_blocks: int, chosen: Pick
     lines = _columns(header, rows)
     tenants = list(outcomes[0].per_tenant) if outcomes else []
     tenant_header = ["capacity"] + [f"{name} quota / block / token" for name in tenants]
-    tenant_rows = [
-        [_bytes(outcome.capacity_bytes)] + [
-            f"{_bytes(outcome.per_tenant[name].quota_blocks * outcome.capacity_bytes / max(1, outcome.capacity_blocks))}"
-            f" / {outcome.per_tenant[name].block_hit_ratio:.3f} / {outcome.per_tenant[name].token_hit_ratio:.3f}"
-            for name in tenants]
-        for outcome in outcomes
-    ]
-    lines += ["", "per deployment (its share of the pool, block and token hit ratio):"] + _columns(tenant_header, tenant_rows)
+    tenant_rows = [[_bytes(o.capacity_bytes)] + [_share(o, name) for name in tenants] for o in outcomes]
+    lines += ["", "per deployment (its share of the pool, block and token hit ratio):"]
+    lines += _columns(tenant_header, tenant_rows)
     if prices is not None:
         lines.append("")
         lines.append(f"prices: the cheapest option whose read bandwidth carries the peak minute; per saved GPU-hour "
@@ -79,6 +79,12 @@ def table(outcomes: Sequence[CapacityOutcome], current_blocks: int, chosen: Pick
     else:
         lines.append(f"pick: none: {chosen.reason}")
     return "\n".join(lines)
+
+
+def _share(outcome: CapacityOutcome, name: str) -> str:
+    tenant = outcome.per_tenant[name]
+    block_bytes = outcome.capacity_bytes / max(1, outcome.capacity_blocks)
+    return f"{_bytes(tenant.quota_blocks * block_bytes)} / {tenant.block_hit_ratio:.3f} / {tenant.token_hit_ratio:.3f}"
 
 
 def _columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

@@ -3,9 +3,9 @@
 Sources: a replay scenario, or bare traces with common tenant fields. Each tenant's trace goes once
 through an exact :class:`~kvtier.sim.stackdist.StackDistanceTracker` (its own LRU stack, blocks
 namespaced per tenant as the replay does); the effective distances of every request become a
-:class:`~kvtier.rebalance.planner.TenantProfile`. :func:`plan` divides every capacity with
-:func:`~kvtier.rebalance.planner.split` and :func:`evaluate` replays the split's hits through the
-replay's own :class:`~kvtier.sim.replay.PrefillQueue` s.
+:class:`~kvtier.rebalance.planner.TenantProfile`, and :func:`evaluate` (what
+:func:`~kvtier.rebalance.planner.plan` is given) replays a split's hits through the replay's own
+:class:`~kvtier.sim.replay.PrefillQueue` s.
 """
 
 from __future__ import annotations
@@ -15,17 +15,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kvtier.rebalance.planner import (
-    PEAK_WINDOW_SECONDS,
-    CapacityOutcome,
-    PriceTable,
-    Targets,
-    TenantOutcome,
-    TenantProfile,
-    pick,
-    priced,
-    split,
-)
+from kvtier.rebalance.planner import PEAK_WINDOW_SECONDS, CapacityOutcome, TenantOutcome, TenantProfile
 from kvtier.sim.replay import PrefillQueue, TenantWorkload, percentile
 from kvtier.sim.scenario import Scenario
 from kvtier.sim.stackdist import StackDistanceTracker
@@ -158,40 +148,3 @@ def _peak_rate(events: list[tuple[float, float]], window: float) -> float:
             start += 1
         peak = max(peak, running)
     return peak / window
-
-
-def plan(profiles: Sequence[TenantProfile], capacities_blocks: Sequence[int], *, block_bytes: int,
-         read_bandwidth: float | None = None, prices: PriceTable | None = None) -> list[CapacityOutcome]:
-    """Every capacity (ascending), divided by the allocator and evaluated, priced when ``prices``."""
-    if not profiles:
-        raise ValueError("nothing to plan: no tenants")
-    outcomes = []
-    for capacity in sorted(set(capacities_blocks)):
-        if capacity < sum(profile.min_blocks for profile in profiles):
-            raise ValueError(f"capacity {capacity} blocks is below the tenants' minimums")
-        quotas = split(profiles, capacity)
-        outcome = evaluate(profiles, quotas, block_bytes=block_bytes, read_bandwidth=read_bandwidth)
-        outcomes.append(priced(outcome, capacity, block_bytes, read_bandwidth, prices))
-    return outcomes
-
-
-def refine(profiles: Sequence[TenantProfile], outcomes: Sequence[CapacityOutcome], targets: Targets, *,
-           block_bytes: int, read_bandwidth: float | None = None, prices: PriceTable | None = None,
-           steps: int = 4) -> list[CapacityOutcome]:
-    """``outcomes`` plus up to ``steps`` bisections between the pick and the largest capacity below it
-    that misses, so the pick lands within 1/2^steps of that gap (hit ratio and savings grow with
-    capacity: the allocator never predicts less for more)."""
-    amortization = prices.amortization_years if prices is not None else 3.0
-    outcomes = sorted(outcomes, key=lambda o: o.capacity_blocks)
-    for _ in range(steps):
-        chosen = pick(outcomes, targets, amortization).capacity
-        below = [o for o in outcomes if o.capacity_blocks < chosen.capacity_blocks] if chosen else []
-        if chosen is None or not below:
-            break
-        middle = (below[-1].capacity_blocks + chosen.capacity_blocks) // 2
-        if middle <= below[-1].capacity_blocks:
-            break
-        outcomes = sorted([*outcomes, *plan(profiles, [middle], block_bytes=block_bytes,
-                                            read_bandwidth=read_bandwidth, prices=prices)],
-                          key=lambda o: o.capacity_blocks)
-    return outcomes
