@@ -9,8 +9,8 @@ import pytest
 
 from kvtier.api.units import gib
 from kvtier.render.lmcache import CONFIG_KEY, EVICTION_POLICY, LOOKUP_LOG_DIR
-from kvtier.render.pod import CONFIG_VOLUME
 from kvtier.render.options import RenderOptions
+from kvtier.render.pod import CONFIG_VOLUME
 from tests.conformance import rendered
 
 pytestmark = pytest.mark.conformance

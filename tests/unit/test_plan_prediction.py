@@ -12,8 +12,8 @@ import pytest
 
 from kvtier.rebalance import planner
 from kvtier.sim import planning
-from kvtier.sim.policies import OracleStaticPolicy, Policy, run_policy
 from kvtier.sim.hindsight import Hindsight
+from kvtier.sim.policies import OracleStaticPolicy, Policy, run_policy
 from kvtier.sim.scenario import load_scenario
 from tests.conftest import REPO_ROOT, SHARED
 

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.rebalance import planner
-from kvtier.sim import planning
 from kvtier.rebalance.allocator import allocate
 from kvtier.rebalance.costmodel import CostModel
+from kvtier.sim import planning
 from kvtier.sim.cache import LRUCache
 from kvtier.sim.stackdist import StackDistanceTracker
 

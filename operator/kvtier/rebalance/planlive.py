@@ -61,7 +61,8 @@ def live_pools(pools: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping
         except ValidationError:
             continue
         profiles, without = [], []
-        for deployment in sorted(by_pool.get(pool.metadata.name, []),
+        pool_name = pool.metadata.name or ""  # a parsed pool has its name; this satisfies the type
+        for deployment in sorted(by_pool.get(pool_name, []),
                                  key=lambda d: (d.metadata.namespace or "", d.metadata.name)):
             name = f"{deployment.metadata.namespace}/{deployment.metadata.name}"
             profile = _profile(name, deployment, cost)
@@ -71,7 +72,7 @@ def live_pools(pools: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping
                 profiles.append(profile)
         replicas = sum(profile.replicas for profile in profiles)
         bandwidth = None if pool.spec.read_bandwidth is None else float(pool.spec.read_bandwidth) * replicas
-        result.append(LivePool(pool.metadata.name, pool.spec.capacity, bandwidth, profiles, without))
+        result.append(LivePool(pool_name, pool.spec.capacity, bandwidth, profiles, without))
     return result
 
 
@@ -86,6 +87,7 @@ def _profile(name: str, deployment: InferenceDeployment, cost: CostModel) -> Cur
     kv_bytes = spec.model.bytes_per_token
     scale = 1 if kv.demand.unit == "bytes" else spec.kv_cache.chunk_size * kv_bytes
     storage = spec.kv_cache.storage
+    assert storage is not None  # live_pools groups only deployments with a storage tier
     replicas = max(1, spec.replicas)
     return CurveProfile(
         name=name,

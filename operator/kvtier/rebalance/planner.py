@@ -191,11 +191,18 @@ class PriceOption:
     def arrays(self, capacity_bytes: int) -> int | None:
         return None if self.array_bytes is None else max(1, -(-capacity_bytes // self.array_bytes))
 
+    def arrays_read_bandwidth(self, capacity_bytes: int) -> float | None:
+        """Read bytes per second of the arrays that hold ``capacity_bytes``, when the option says."""
+        arrays = self.arrays(capacity_bytes)
+        if arrays is None or self.array_read_bytes_per_second is None:
+            return None
+        return arrays * self.array_read_bytes_per_second
+
     def price(self, capacity_bytes: int) -> float:
         arrays = self.arrays(capacity_bytes)
         if arrays is not None:
-            return arrays * self.price_per_array  # type: ignore[operator]
-        return capacity_bytes / 1e12 * self.price_per_tb  # type: ignore[operator]
+            return arrays * (self.price_per_array or 0.0)  # __post_init__: per-array options have a price
+        return capacity_bytes / 1e12 * (self.price_per_tb or 0.0)  # and the others a per-TB one
 
 
 @dataclass(frozen=True)
@@ -211,9 +218,10 @@ class PriceTable:
         ``read_bytes_per_second``; the cheapest of all when none does."""
 
         def carries(option: PriceOption) -> bool:
-            if read_bandwidth is not None or option.array_read_bytes_per_second is None:
+            arrays_bandwidth = option.arrays_read_bandwidth(capacity_bytes)
+            if read_bandwidth is not None or arrays_bandwidth is None:
                 return read_bandwidth is None or read_bytes_per_second <= read_bandwidth
-            return read_bytes_per_second <= option.arrays(capacity_bytes) * option.array_read_bytes_per_second
+            return read_bytes_per_second <= arrays_bandwidth
 
         priced = sorted(((option.price(capacity_bytes), index, option) for index, option in enumerate(self.options)))
         fitting = [entry for entry in priced if carries(entry[2])] or priced
@@ -347,7 +355,7 @@ def priced(outcome: CapacityOutcome, capacity_blocks: int, block_bytes: int, rea
         option, price = prices.choose(capacity_bytes, outcome.read_bytes_per_second_peak, read_bandwidth)
         changes.update(price=price, price_option=option.name)
         if read_bandwidth is None and option.array_read_bytes_per_second is not None:
-            changes["read_bandwidth"] = option.arrays(capacity_bytes) * option.array_read_bytes_per_second
+            changes["read_bandwidth"] = option.arrays_read_bandwidth(capacity_bytes)
     return replace(outcome, **changes)
 
 

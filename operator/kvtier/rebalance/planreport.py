@@ -49,7 +49,7 @@ def table(outcomes: Sequence[CapacityOutcome], current_blocks: int, chosen: Pick
             _rate(outcome.read_bandwidth) + (" SATURATED" if outcome.saturated else ""),
         ]
         if prices is not None:
-            per_hour = outcome.price_per_saved_gpu_hour(amortization)  # type: ignore[arg-type]
+            per_hour = outcome.price_per_saved_gpu_hour(amortization)  # type: ignore[arg-type]  # set whenever prices are
             row += [f"{outcome.price:,.0f}" if outcome.price is not None else "-",
                     "-" if per_hour is None else f"{per_hour:,.2f}"]
         rows.append(row)
