@@ -10,8 +10,9 @@ engine's own code is an answer (``{"error": ...}``), not a crash. Commands:
   own ``serve`` parser, validation and ``AsyncEngineArgs.from_cli_args``: the engine arguments.
 - ``vllm-options``: ``{"dests": [...]}`` -> the option strings vLLM's ``serve`` parser registers per
   destination, and the KV connector registry's names.
-- ``lmcache-config``: ``{"yaml": "..."}`` -> LMCache's ``LMCacheEngineConfig.from_file``: the keys it
-  took, the keys it ignored, the values, and whether each storage plugin's class imports.
+- ``lmcache-config``: ``{"yaml": "..."}`` -> the file loaded as vLLM's LMCache connector loads it
+  (``LMCACHE_CONFIG_FILE``, ``lmcache_get_or_create_config``): the keys LMCache took, the keys it
+  ignored, the values, and whether each storage plugin's class imports.
 - ``lmcache-server``: ``{"argv": [[...], ...]}`` -> per argv (the words after ``lmcache server``),
   LMCache's ``lmcache`` CLI parser and the config builders ``lmcache server`` calls.
 """
@@ -127,15 +128,17 @@ class _Warnings(logging.Handler):
 
 
 def lmcache_config(request: dict[str, Any]) -> dict[str, Any]:
+    """The config file as vLLM's LMCache connector loads it: `LMCACHE_CONFIG_FILE`, then LMCache's own loader."""
     import yaml
-    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.integration.vllm.utils import lmcache_get_or_create_config
 
     warnings = _Warnings()
     logging.getLogger("lmcache").addHandler(warnings)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as file:
         file.write(request["yaml"])
+    os.environ["LMCACHE_CONFIG_FILE"] = file.name
     try:
-        config = LMCacheEngineConfig.from_file(file.name)
+        config = lmcache_get_or_create_config()
     finally:
         os.unlink(file.name)
     given = yaml.safe_load(request["yaml"]) or {}

@@ -8,8 +8,9 @@ import math
 import pytest
 
 from kvtier.api.units import gib
-from kvtier.render.lmcache import EVICTION_POLICY, LOOKUP_LOG_DIR
+from kvtier.render.lmcache import CONFIG_KEY, EVICTION_POLICY, LOOKUP_LOG_DIR
 from kvtier.render.options import RenderOptions
+from kvtier.render.pod import CONFIG_VOLUME
 from tests.conformance import rendered
 
 pytestmark = pytest.mark.conformance
@@ -76,6 +77,11 @@ def test_rendered_config_files_load_with_lmcaches_loader(engines, cases, lmcache
     in_process = [case for case in cases if case.lmcache_yaml is not None]
     assert len(in_process) >= 3
     for case in in_process:
+        # vLLM's container finds the file where the ConfigMap is mounted, by the variable LMCache reads.
+        vllm = case.containers["vllm"]
+        env = {var["name"]: var.get("value") for var in vllm["env"]}
+        (mount,) = [m for m in vllm["volumeMounts"] if m["name"] == CONFIG_VOLUME]
+        assert env["LMCACHE_CONFIG_FILE"] == f"{mount['mountPath']}/{CONFIG_KEY}", case.name
         answer = engines.ask("lmcache-config", {"yaml": case.lmcache_yaml})
         written = rendered.lmcache_config(case)
         assert answer["ignored"] == [], f"{case.name}: LMCache ignores {answer['ignored']}: {answer['warnings']}"

@@ -1,18 +1,20 @@
 """LMCache 0.5.6 as kvtier configures it: the vLLM connector, the MP server's flags, the in-process config.
 
 Every flag and key written here is one `../shared/reference/lmcache-0.5.6-config.md` lists (the unit
-tests check them against its tables). Sizes go to LMCache as plain GiB numbers (`200`, `1.5`), never
-as Kubernetes quantities (`200Gi`), which LMCache would fail to parse or misread.
+tests check them against its tables), and the real package accepts (`tests/conformance`: LMCache's
+own argument parser, config builders and config loader, and its MP server started from these flags).
+Sizes go to LMCache as plain GiB numbers (`200`, `1.5`), never as Kubernetes quantities (`200Gi`),
+which LMCache would fail to parse or misread.
 
 LMCacheMP: an `lmcache server` beside vLLM with L1 = `cpu.size`, one L2 `raw_block` adapter on the
 replica's volume (the block device, or a pre-sized file on a Filesystem volume) spanning the whole
 volume, and eviction `IsolatedLRU` (always: 0.5.6 refuses `--l1-size-gb` without an eviction policy):
-the live quota (`PUT /quota/_default`) is what bounds each
-deployment's use, so the rebalancer never restarts anything. The server serves `/metrics` on its
-HTTP port (`--http-port`, beside `/quota`); 0.5.6 never opens `--prometheus-port`, so it is not
-rendered. The `raw_block` adapter imports `lmcache_rust_raw_block_io`, which lmcache 0.5.6 does not
-depend on: the `lmcache` image must have `lmcache-rust-raw-block-io` installed. When the pool rebalances from measured
-demand, the server also writes its lookup-hash log for the probe.
+the live quota (`PUT /quota/_default`) is what bounds each deployment's use, so the rebalancer never
+restarts anything. The server serves `/metrics` on its HTTP port (`--http-port`, beside `/quota`);
+0.5.6 never opens `--prometheus-port`, so it is not rendered. The `raw_block` adapter imports
+`lmcache_rust_raw_block_io`, which lmcache 0.5.6 does not depend on: the `lmcache` image must have
+`lmcache-rust-raw-block-io` installed. When the pool rebalances from measured demand, the server also
+writes its lookup-hash log for the probe.
 
 LMCacheInProcess: LMCache inside vLLM, configured by a YAML file: `local_cpu` per TP rank, and either
 `local_disk` on a Filesystem volume (wiped at every start: LMCache does not reload it, and leftover
