@@ -55,7 +55,7 @@ from kvtier.render import (
 )
 from kvtier.render.reclaim import RELEASED_LABEL
 from kvtier.render.volumes import kv_volume
-from kvtier.storage.ledger import Claim, Decision, admit, release
+from kvtier.storage.ledger import Admission, Claim, admit, release
 
 DEPLOYMENT = ("kvtier.io", "v1alpha1", "inferencedeployments")
 #: Every kind an InferenceDeployment owns, by `kind`: applied, and pruned when no longer rendered.
@@ -101,11 +101,11 @@ class Pass:
 
 
 async def claim_storage(kube: KubeClient, deployment: InferenceDeployment, body: kopf.Body, step: Pass
-                        ) -> tuple[KVPool, Decision]:
+                        ) -> tuple[KVPool, Admission]:
     """Admit the deployment into its pool's ledger (compare-and-swap on the pool's status)."""
     storage = deployment.spec.kv_cache.storage
     assert storage is not None
-    decision: Decision | None = None
+    decision: Admission | None = None
 
     def change(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
         nonlocal decision
@@ -124,7 +124,7 @@ async def claim_storage(kube: KubeClient, deployment: InferenceDeployment, body:
     return pool, decision
 
 
-def _binding(pool: KVPool, decision: Decision, size: int | None) -> StorageBinding:
+def _binding(pool: KVPool, decision: Admission, size: int | None) -> StorageBinding:
     assert decision.allocation is not None
     inventory = {ns.uuid: ns for ns in (pool.spec.storage.nvmeof.namespaces if pool.spec.storage.nvmeof else [])}
     return StorageBinding(quota=decision.allocation.quota,

@@ -79,7 +79,7 @@ class Claim:
 
 
 @dataclass(frozen=True)
-class Decision:
+class Admission:
     """The ledger after a claim, and what it granted (None: the claim waits, `reason`/`message` say why)."""
 
     status: KVPoolStatus
@@ -158,7 +158,7 @@ def never_fits(pool: KVPool, claim: Claim) -> str | None:
     return None
 
 
-def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Decision:
+def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Admission:
     """Grant, resize or queue `claim`; never lets the ledger exceed `capacity`. Linear in the ledger's size."""
     key = (claim.namespace, claim.name)
     # Entries of an earlier object with the same name (deleted and recreated) are stale.
@@ -173,15 +173,15 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Decision:
     if impossible is not None:
         message = f"{claim.name} {impossible}"
         if existing is not None:  # keeps what it was admitted with; the growth is what never fits
-            return Decision(summarise(pool, status), existing, "NeverFits", message)
+            return Admission(summarise(pool, status), existing, "NeverFits", message)
         new = summarise(pool, status.model_copy(update={"allocations": others, "waiting": queue,
                                                         "reclaiming": _reclaim(status, stale)}))
-        return Decision(new, None, "NeverFits", message)
+        return Admission(new, None, "NeverFits", message)
 
     if existing is None and len(others) >= STATUS_LIST_LIMIT:  # the CRD bounds the ledger (CEL cost budget)
         new = summarise(pool, status.model_copy(update={"allocations": others, "waiting": queue,
                                                         "reclaiming": _reclaim(status, stale)}))
-        return Decision(new, None, "PoolFull",
+        return Admission(new, None, "PoolFull",
                         f"KVPool {pool.metadata.name} already holds {STATUS_LIST_LIMIT} deployments, the most one "
                         f"pool's ledger records; {claim.name} is admitted when one leaves (or use another pool)")
 
@@ -239,7 +239,7 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Decision:
     new = summarise(pool, status.model_copy(update={"allocations": allocations, "waiting": queue,
                                                     "reclaiming": _reclaim(status, stale + dropped)}))
     ahead_note = f" (admitted ahead of {len(passed)} earlier deployment(s) that do not fit yet)" if passed else ""
-    return Decision(new, allocation, "Bound",
+    return Admission(new, allocation, "Bound",
                     f"{format_quantity(quota)} per replica x {claim.replicas} from KVPool {pool.metadata.name}"
                     f"{ahead_note}")
 
@@ -335,19 +335,19 @@ def repair(pool: KVPool, status: KVPoolStatus, claims: Mapping[str, Claim | None
 
 
 def _refuse(pool: KVPool, status: KVPoolStatus, others: list[Allocation], queue: list[WaitingDeployment],
-            existing: Allocation | None, claim: Claim, message: str) -> Decision:
+            existing: Allocation | None, claim: Claim, message: str) -> Admission:
     """No change for an admitted deployment (it keeps what it has, and the reason says what it lacks);
     a new one joins the queue."""
     if existing is not None:
         held = (f"; it keeps {format_quantity(existing.quota)} per replica x {existing.replicas} meanwhile"
                 if existing.replicas else "")
         reason = "BelowMinimum" if existing.quota < claim.min else "InsufficientCapacity"
-        return Decision(summarise(pool, status), existing, reason, message + held)
+        return Admission(summarise(pool, status), existing, reason, message + held)
     return _wait(pool, status, others, queue, claim, "InsufficientCapacity", message)
 
 
 def _wait(pool: KVPool, status: KVPoolStatus, others: list[Allocation], queue: list[WaitingDeployment],
-          claim: Claim, reason: str, message: str) -> Decision:
+          claim: Claim, reason: str, message: str) -> Admission:
     earlier = next((w for w in status.waiting if w.uid == claim.uid), None)
     entry = WaitingDeployment(namespace=claim.namespace, name=claim.name, uid=claim.uid, since=claim.created,
                               needs=claim.min * claim.replicas, passed_over=earlier.passed_over if earlier else 0)
@@ -356,4 +356,4 @@ def _wait(pool: KVPool, status: KVPoolStatus, others: list[Allocation], queue: l
     stale = [uuid for a in status.allocations if a.uid not in other_uids for uuid in a.volumes]
     new = summarise(pool, status.model_copy(update={"allocations": others, "waiting": waiting,
                                                     "reclaiming": _reclaim(status, stale)}))
-    return Decision(new, None, reason, message)
+    return Admission(new, None, reason, message)
