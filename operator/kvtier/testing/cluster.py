@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import signal
 import tempfile
 import threading
@@ -28,6 +29,8 @@ from kvtier.testing import podsim
 from kvtier.testing.apiserver import APIServer
 from kvtier.testing.engines import EngineFactory, embedded_engines
 from kvtier.testing.podsim import NodeSpec, PodSimulator
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -54,9 +57,18 @@ class OperatorThread:
     def _main(self) -> None:
         self._loop = asyncio.new_event_loop()
         self._task = self._loop.create_task(run_operator(self.config, stop_flag=self._stop, ready_flag=self._ready))
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             self._loop.run_until_complete(self._task)
-        self._loop.close()
+        except asyncio.CancelledError:
+            pass
+        except Exception as error:
+            if not self._stop.is_set():
+                raise
+            # A stop that lands while kopf is still starting can end a task of its own in TimeoutError (asyncio's
+            # wait_for turns the cancellation into one); the operator stopped as asked, so one line, no traceback.
+            log.warning("the operator stopped during its start-up (%s)", type(error).__name__)
+        finally:
+            self._loop.close()
 
     def start(self, timeout: float = 60) -> None:
         self._thread.start()
