@@ -55,6 +55,20 @@ def test_a_failing_pod_is_trouble_at_once_and_named(status, expected):
     assert (reason, message) == ("ReplicasNotReady", f"0/2 replicas ready: pod chat-0 {expected}")
 
 
+@pytest.mark.parametrize("message", [
+    # kube-scheduler v1.37 while the PersistentVolume controller has not bound the claim yet (seen on the real ground)
+    "0/4 nodes are available: pod has unbound immediate PersistentVolumeClaims. not found",
+    'persistentvolumeclaim "coder-480b-kv" not found',
+])
+def test_waiting_for_a_claim_to_bind_is_a_normal_start_until_the_grace_period(message):
+    unbound = pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}])
+    assert pod_trouble(unbound) is None
+    assert not_ready([unbound], 0, 1, 5, GRACE) == (
+        "ReplicasStarting", "0/1 replicas ready; starting: chat-0 waiting for its volumes to bind")
+    assert not_ready([unbound], 0, 1, GRACE + 1, GRACE) == (
+        "ReplicasNotReady", "0/1 replicas ready, still not all Ready after 601s (pod chat-0: waiting for its volumes to bind)")
+
+
 def test_ready_pods_and_starting_pods_are_no_trouble():
     assert pod_trouble(pod(phase="Running", ready=True)) is None
     assert pod_trouble(pod(containers=[waiting("ContainerCreating")])) is None

@@ -1,7 +1,7 @@
 """Whether replicas that are not Ready are still starting, or in trouble (pure: pods in, words out).
 
-A normal start (scheduling, pulling the image, loading the model, waiting for the storage quota)
-is not trouble: the deployment's Ready condition is False with reason `ReplicasStarting` and a
+A normal start (scheduling, waiting for a volume to bind, pulling the image, loading the model,
+waiting for the storage quota) is not trouble: the deployment's Ready condition is False with reason `ReplicasStarting` and a
 Normal Event. It becomes `ReplicasNotReady`, a Warning, as soon as a pod fails (a crash loop, an
 image that cannot be pulled, a pod that cannot be scheduled, a container that exited with an
 error), or once Ready has been False for longer than the grace period.
@@ -24,6 +24,16 @@ def _ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+#: Scheduler messages that mean "waiting for the pod's claims to bind", a normal start step: the
+#: scheduler keeps the pod Unschedulable until the PersistentVolume controller has bound them.
+WAITING_FOR_CLAIMS = ("unbound immediate PersistentVolumeClaims", "persistentvolumeclaim")
+
+
+def _waiting_for_claims(condition: Mapping[str, Any]) -> bool:
+    message = condition.get("message") or ""
+    return any(marker in message for marker in WAITING_FOR_CLAIMS)
+
+
 def _detail(state: Mapping[str, Any]) -> str:
     message = (state.get("message") or "").strip()
     return f" ({message[:200]})" if message else ""
@@ -35,7 +45,8 @@ def pod_trouble(pod: Mapping[str, Any]) -> str | None:
     if status.get("phase") == "Failed":
         return f"failed: {status.get('reason') or 'its containers exited'}{_detail(status)}"
     for condition in status.get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+        if (condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable"
+                and not _waiting_for_claims(condition)):
             return f"cannot be scheduled{_detail(condition)}"
     for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         name = container.get("name", "?")
@@ -55,8 +66,12 @@ def pod_trouble(pod: Mapping[str, Any]) -> str | None:
 
 
 def _progress(pod: Mapping[str, Any]) -> str:
-    """Where a starting pod is: `Pending`, `ContainerCreating`, `Running, not Ready yet`."""
+    """Where a starting pod is: `Pending`, `waiting for its volumes to bind`, `ContainerCreating`,
+    `Running, not Ready yet`."""
     status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" and _waiting_for_claims(condition):
+            return "waiting for its volumes to bind"
     for container in status.get("containerStatuses") or []:
         reason = ((container.get("state") or {}).get("waiting") or {}).get("reason")
         if reason:
