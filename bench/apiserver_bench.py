@@ -36,10 +36,14 @@ def seed(server: ThreadedAPIServer, namespace: str, count: int) -> None:
             cluster.create(rt, None, {"metadata": {"name": namespace}})
         cm = cluster.resource("", "v1", "configmaps")
         for i in range(count):
-            cluster.create(cm, namespace, {
-                "metadata": {"name": f"cm-{i:05d}", "labels": {"app": "bench", "shard": str(i % 10)}},
-                "data": {"model": "llama-3-70b", "quota": f"{i}Gi", "note": "x" * 200},
-            })
+            cluster.create(
+                cm,
+                namespace,
+                {
+                    "metadata": {"name": f"cm-{i:05d}", "labels": {"app": "bench", "shard": str(i % 10)}},
+                    "data": {"model": "llama-3-70b", "quota": f"{i}Gi", "note": "x" * 200},
+                },
+            )
 
     server.call(create_all)
 
@@ -51,8 +55,10 @@ def pct(values: list[float], q: float) -> float:
 
 def summary(label: str, values: list[float]) -> str:
     ms = [v * 1000 for v in values]
-    return (f"{label}: n={len(ms)} median={statistics.median(ms):.1f} ms p95={pct(ms, 95):.1f} ms "
-            f"p99={pct(ms, 99):.1f} ms max={max(ms):.1f} ms")
+    return (
+        f"{label}: n={len(ms)} median={statistics.median(ms):.1f} ms p95={pct(ms, 95):.1f} ms "
+        f"p99={pct(ms, 99):.1f} ms max={max(ms):.1f} ms"
+    )
 
 
 async def bench_list(url: str, repeats: int) -> None:
@@ -105,8 +111,11 @@ async def bench_watch(url: str, watchers: int, changes: int) -> None:
 
         async def change(i: int) -> tuple[str, float]:
             start = time.perf_counter()
-            async with http.patch(f"{base}/cm-{i % 5000:05d}", json={"data": {"quota": f"{i}Mi"}},
-                                  headers={"Content-Type": "application/merge-patch+json"}) as r:
+            async with http.patch(
+                f"{base}/cm-{i % 5000:05d}",
+                json={"data": {"quota": f"{i}Mi"}},
+                headers={"Content-Type": "application/merge-patch+json"},
+            ) as r:
                 result = await r.json()
             return result["metadata"]["resourceVersion"], start
 
@@ -122,7 +131,11 @@ async def bench_watch(url: str, watchers: int, changes: int) -> None:
             await asyncio.sleep(0.01)
         print(summary(f"watch delay, paced changes ({watchers} watchers)", await delays(paced)))
         burst = await asyncio.gather(*(change(changes + i) for i in range(changes)))
-        print(summary(f"watch delay, burst of {changes} concurrent changes ({watchers} watchers)", await delays(list(burst))))
+        print(
+            summary(
+                f"watch delay, burst of {changes} concurrent changes ({watchers} watchers)", await delays(list(burst))
+            )
+        )
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -52,18 +52,24 @@ def main() -> None:
         seconds = time.perf_counter() - start
         log.close()
         blocks = server.engine.stats.accessed_blocks
-        print(f"sim serve path: {served} requests, {blocks} blocks in {seconds:.2f} s: "
-              f"{served / seconds:,.0f} requests/s, {blocks / seconds:,.0f} blocks/s")
-        print(f"scrape: vLLM page {per_scrape(server.vllm_registry) * 1e3:.2f} ms, "
-              f"LMCache MP page {per_scrape(server.mp_registry) * 1e3:.2f} ms")
+        print(
+            f"sim serve path: {served} requests, {blocks} blocks in {seconds:.2f} s: "
+            f"{served / seconds:,.0f} requests/s, {blocks / seconds:,.0f} blocks/s"
+        )
+        print(
+            f"scrape: vLLM page {per_scrape(server.vllm_registry) * 1e3:.2f} ms, "
+            f"LMCache MP page {per_scrape(server.mp_registry) * 1e3:.2f} ms"
+        )
         for max_blocks in (1 << 12, 1 << 16, 1 << 20):
             probe = make_probe(directory, max_blocks, params.block_bytes)
             start = time.perf_counter()
             lines = probe.poll()
             seconds = time.perf_counter() - start
-            print(f"probe --max-blocks {max_blocks}: {lines} lookups, {probe.demand.chunks} chunks in {seconds:.2f} s: "
-                  f"{lines / seconds:,.0f} lookups/s, {probe.demand.chunks / seconds:,.0f} chunks/s; "
-                  f"{probe.demand.tracked_chunks} tracked; scrape {per_scrape(probe.registry, 20) * 1e3:.2f} ms")
+            print(
+                f"probe --max-blocks {max_blocks}: {lines} lookups, {probe.demand.chunks} chunks in {seconds:.2f} s: "
+                f"{lines / seconds:,.0f} lookups/s, {probe.demand.chunks / seconds:,.0f} chunks/s; "
+                f"{probe.demand.tracked_chunks} tracked; scrape {per_scrape(probe.registry, 20) * 1e3:.2f} ms"
+            )
             if args.memory:
                 tracemalloc.start()
                 make_probe(directory, max_blocks, params.block_bytes).poll()
@@ -74,6 +80,7 @@ def main() -> None:
 
 def make_probe(directory: str, max_blocks: int, chunk_bytes: int) -> Probe:
     return Probe(directory, DemandProbe(max_blocks, chunk_bytes=chunk_bytes, window_seconds=1800))
+
 
 if __name__ == "__main__":
     main()

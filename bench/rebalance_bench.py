@@ -17,8 +17,9 @@ from kvtier.sim.report import replay_scenario
 from kvtier.sim.scenario import load_scenario
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHARED = next((parent / "shared" for parent in ROOT.parents if (parent / "shared" / "scenarios").is_dir()),
-              ROOT.parent / "shared")
+SHARED = next(
+    (parent / "shared" for parent in ROOT.parents if (parent / "shared" / "scenarios").is_dir()), ROOT.parent / "shared"
+)
 DEFAULT_SCENARIO = SHARED / "scenarios" / "three-phased.yaml"
 
 
@@ -33,8 +34,10 @@ def main() -> None:
     print(f"{scenario.name}: {len(scenario.tenants)} tenants, every policy replayed in {total:.1f} s (goal: < 120 s)")
     for run in runs:
         overall = run.result.overall
-        print(f"  {run.name:16s} block hit ratio {overall.block_hit_ratio:.4f}, GPU prefill s saved "
-              f"{overall.gpu_prefill_seconds_saved:,.0f}, TTFT p50 {overall.ttft_p50_seconds:.3f} s")
+        print(
+            f"  {run.name:16s} block hit ratio {overall.block_hit_ratio:.4f}, GPU prefill s saved "
+            f"{overall.gpu_prefill_seconds_saved:,.0f}, TTFT p50 {overall.ttft_p50_seconds:.3f} s"
+        )
 
 
 if __name__ == "__main__":

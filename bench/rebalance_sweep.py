@@ -30,8 +30,9 @@ from kvtier.sim.policies import KvtierPolicy, OracleDynamicPolicy, build_policie
 from kvtier.sim.scenario import Scenario, load_scenario
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SHARED = next((parent / "shared" for parent in ROOT.parents if (parent / "shared" / "scenarios").is_dir()),
-              ROOT.parent / "shared")
+SHARED = next(
+    (parent / "shared" for parent in ROOT.parents if (parent / "shared" / "scenarios").is_dir()), ROOT.parent / "shared"
+)
 PUBLIC = SHARED / "scenarios" / "three-phased.yaml"
 OWN = sorted((ROOT / "bench" / "scenarios").glob("*.yaml"))
 
@@ -58,8 +59,15 @@ class Setting:
 
 def defaults() -> Setting:
     spec = RebalanceSpec()
-    return Setting({"interval": f"{spec.interval:g}s", "cooldown": f"{spec.cooldown:g}s", "maxStep": spec.max_step,
-                    "minGain": spec.min_gain}, HALF_LIFE_INTERVALS)
+    return Setting(
+        {
+            "interval": f"{spec.interval:g}s",
+            "cooldown": f"{spec.cooldown:g}s",
+            "maxStep": spec.max_step,
+            "minGain": spec.min_gain,
+        },
+        HALF_LIFE_INTERVALS,
+    )
 
 
 def grid(kind: str, overrides: dict, knobs: list[str]) -> list[Setting]:
@@ -68,8 +76,11 @@ def grid(kind: str, overrides: dict, knobs: list[str]) -> list[Setting]:
     base = Setting({**base.spec, **overrides}, half_life)
     if kind == "full":
         keys = [key for key in GRID if key != "halfLife"]
-        return [Setting(dict(zip(keys, values)), half_life)
-                for values in itertools.product(*(GRID[key] for key in keys)) for half_life in GRID["halfLife"]]
+        return [
+            Setting(dict(zip(keys, values)), half_life)
+            for values in itertools.product(*(GRID[key] for key in keys))
+            for half_life in GRID["halfLife"]
+        ]
     settings = [base]
     for key, values in GRID.items():
         if knobs and key not in knobs:
@@ -99,8 +110,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", choices=["around", "full"], default="around")
     parser.add_argument("--scenario", type=pathlib.Path, action="append", help="instead of the default set")
-    parser.add_argument("--base", action="append", default=[], metavar="KNOB=VALUE",
-                        help="start --grid around from this instead of the shipped default")
+    parser.add_argument(
+        "--base",
+        action="append",
+        default=[],
+        metavar="KNOB=VALUE",
+        help="start --grid around from this instead of the shipped default",
+    )
     parser.add_argument("--knob", action="append", default=[], help="vary only these knobs")
     args = parser.parse_args()
     paths = args.scenario or [PUBLIC, *OWN]
@@ -113,14 +129,19 @@ def main() -> None:
         workloads = scenario.workloads()
         loaded[scenario.name] = workloads
         hindsight = Hindsight(workloads, scenario.epoch_seconds)
-        policies = {**build_policies(["equal", "shared"], scenario, workloads),
-                    "oracle-dynamic": OracleDynamicPolicy(scenario, hindsight),
-                    "real refill": RefillingOracle(scenario, hindsight)}
-        ratios = {name: run_policy(policy, scenario, workloads).overall.block_hit_ratio
-                  for name, policy in policies.items()}
+        policies = {
+            **build_policies(["equal", "shared"], scenario, workloads),
+            "oracle-dynamic": OracleDynamicPolicy(scenario, hindsight),
+            "real refill": RefillingOracle(scenario, hindsight),
+        }
+        ratios = {
+            name: run_policy(policy, scenario, workloads).overall.block_hit_ratio for name, policy in policies.items()
+        }
         best[scenario.name] = max(ratios["shared"], ratios["oracle-dynamic"])
-        print(f"| {scenario.name} | {len(scenario.tenants)} | {scenario.capacity_blocks:,} | {ratios['equal']:.4f} | "
-              f"{ratios['shared']:.4f} | {ratios['oracle-dynamic']:.4f} | {ratios['real refill']:.4f} |")
+        print(
+            f"| {scenario.name} | {len(scenario.tenants)} | {scenario.capacity_blocks:,} | {ratios['equal']:.4f} | "
+            f"{ratios['shared']:.4f} | {ratios['oracle-dynamic']:.4f} | {ratios['real refill']:.4f} |"
+        )
     print()
     names = [scenario.name for scenario in scenarios]
     print("kvtier block hit ratio / max(shared, oracle-dynamic):")
@@ -136,13 +157,18 @@ def main() -> None:
         shares = []
         for scenario in scenarios:
             adjusted = with_spec(scenario, setting.spec)
-            result = run_policy(KvtierPolicy(adjusted, half_life_intervals=setting.half_life), adjusted,
-                                loaded[scenario.name])
+            result = run_policy(
+                KvtierPolicy(adjusted, half_life_intervals=setting.half_life), adjusted, loaded[scenario.name]
+            )
             shares.append(result.overall.block_hit_ratio / best[scenario.name])
         worst, mean = min(shares), sum(shares) / len(shares)
         rows.append((worst, mean, setting))
-        print(f"| {setting.label} | " + " | ".join(f"{share:.3f}" for share in shares)
-              + f" | {worst:.3f} | {mean:.3f} | {time.perf_counter() - started:.0f} |", flush=True)
+        print(
+            f"| {setting.label} | "
+            + " | ".join(f"{share:.3f}" for share in shares)
+            + f" | {worst:.3f} | {mean:.3f} | {time.perf_counter() - started:.0f} |",
+            flush=True,
+        )
     worst, mean, setting = max(rows, key=lambda row: (row[0], row[1]))
     print(f"\nbest: {setting.label} (worst {worst:.3f}, mean {mean:.3f}); shipped: {defaults().label}")
 

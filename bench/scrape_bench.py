@@ -23,8 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ENDPOINTS = (("vllm", 8000, "/metrics"), ("lmcache", 9090, "/metrics"), ("probe", 9400, "/metrics"),
-             ("quota", 8080, "/quota"))
+ENDPOINTS = (
+    ("vllm", 8000, "/metrics"),
+    ("lmcache", 9090, "/metrics"),
+    ("probe", 9400, "/metrics"),
+    ("quota", 8080, "/quota"),
+)
 GOAL_SECONDS = 0.25 * 15
 
 
@@ -50,8 +54,11 @@ def render_pages() -> list[dict[str, bytes]]:
         for moment in range(2):
             for request in range(300):
                 prefix = request % 40  # shared system prompts and conversation prefixes
-                blocks = [prefix] * 0 + [1000 * prefix + k for k in range(8)] + [10**6 * moment + request * 10 + k
-                                                                                   for k in range(4)]
+                blocks = (
+                    [prefix] * 0
+                    + [1000 * prefix + k for k in range(8)]
+                    + [10**6 * moment + request * 10 + k for k in range(4)]
+                )
                 server.serve(blocks, len(blocks) * 256, 200)
             log.close()
             for file in sorted(Path(directory).iterdir()):
@@ -64,8 +71,14 @@ def render_pages() -> list[dict[str, bytes]]:
             registry = CollectorRegistry()
             registry.register(probe)
             quota = {"quotas": [server.quota_entry(salt) for salt in server.quota_salts()]}
-            moments.append({"vllm": generate_latest(server.vllm_registry), "lmcache": generate_latest(server.mp_registry),
-                            "probe": generate_latest(registry), "quota": json.dumps(quota).encode()})
+            moments.append(
+                {
+                    "vllm": generate_latest(server.vllm_registry),
+                    "lmcache": generate_latest(server.mp_registry),
+                    "probe": generate_latest(registry),
+                    "quota": json.dumps(quota).encode(),
+                }
+            )
         log.close()
     return moments
 
@@ -84,6 +97,7 @@ def serve(replicas: int, ready, stop) -> None:
                 served["count"] += 1
                 body = moments[(served["count"] // (replicas * len(ENDPOINTS))) % 2][kind]
                 return web.Response(body=body, content_type="application/json" if kind == "quota" else "text/plain")
+
             return answer
 
         runners = []
@@ -130,19 +144,45 @@ async def measure(replicas: int, per_deployment: int, cycles: int, concurrency: 
     loop = TelemetryLoop(config, kube, OperatorMetrics())  # type: ignore[arg-type]  # a stand-in client
     for index in range(replicas):
         deployment = f"d{index // per_deployment}"
-        pod = {"metadata": {"namespace": "bench", "name": f"{deployment}-{index % per_deployment}", "uid": str(index),
-                            "labels": {"kvtier.io/deployment": deployment}},
-               "spec": {"containers": [
-                   {"name": "vllm", "ports": [{"name": "http", "containerPort": 8000}]},
-                   {"name": "lmcache", "ports": [{"name": "lmcache-api", "containerPort": 8080},
-                                                 {"name": "lmcache-metrics", "containerPort": 9090}]},
-                   {"name": "kvtier-probe", "ports": [{"name": "probe-metrics", "containerPort": 9400}]}]},
-               "status": {"podIP": address(index), "conditions": [{"type": "Ready", "status": "True"}]}}
+        pod = {
+            "metadata": {
+                "namespace": "bench",
+                "name": f"{deployment}-{index % per_deployment}",
+                "uid": str(index),
+                "labels": {"kvtier.io/deployment": deployment},
+            },
+            "spec": {
+                "containers": [
+                    {"name": "vllm", "ports": [{"name": "http", "containerPort": 8000}]},
+                    {
+                        "name": "lmcache",
+                        "ports": [
+                            {"name": "lmcache-api", "containerPort": 8080},
+                            {"name": "lmcache-metrics", "containerPort": 9090},
+                        ],
+                    },
+                    {"name": "kvtier-probe", "ports": [{"name": "probe-metrics", "containerPort": 9400}]},
+                ]
+            },
+            "status": {"podIP": address(index), "conditions": [{"type": "Ready", "status": "True"}]},
+        }
         loop.targets.apply("ADDED", pod)
         if index % per_deployment == 0:
-            loop.observe("ADDED", {"apiVersion": "kvtier.io/v1alpha1", "kind": "InferenceDeployment",
-                                   "metadata": {"namespace": "bench", "name": deployment, "uid": deployment,
-                                                "resourceVersion": "1", "generation": 1}, "status": {}})
+            loop.observe(
+                "ADDED",
+                {
+                    "apiVersion": "kvtier.io/v1alpha1",
+                    "kind": "InferenceDeployment",
+                    "metadata": {
+                        "namespace": "bench",
+                        "name": deployment,
+                        "uid": deployment,
+                        "resourceVersion": "1",
+                        "generation": 1,
+                    },
+                    "status": {},
+                },
+            )
     assert all(isinstance(t, Target) for t in loop.targets.targets())
     results = []
     async with Scraper(metrics=loop.metrics, concurrency=concurrency, timeout=10) as scraper:
@@ -173,15 +213,19 @@ def main() -> None:
     finally:
         stop.set()
         server.join(10)
-    print(f"{replicas * len(ENDPOINTS)} targets ({replicas} replicas x {len(ENDPOINTS)} endpoints, "
-          f"{-(-replicas // args.replicas_per_deployment)} deployments), concurrency {args.concurrency}")
+    print(
+        f"{replicas * len(ENDPOINTS)} targets ({replicas} replicas x {len(ENDPOINTS)} endpoints, "
+        f"{-(-replicas // args.replicas_per_deployment)} deployments), concurrency {args.concurrency}"
+    )
     for number, (cpu, wall, errors) in enumerate(results, 1):
         print(f"  cycle {number}: {cpu:.2f} s CPU, {wall:.2f} s wall, {errors} failed scrapes")
     steady = results[1:] or results
     cpu = sum(r[0] for r in steady) / len(steady)
     wall = sum(r[1] for r in steady) / len(steady)
-    print(f"steady cycle: {cpu:.2f} s CPU = {cpu / 15:.1%} of one core per 15 s cycle "
-          f"(goal < {GOAL_SECONDS:.2f} s, 25%): {'met' if cpu < GOAL_SECONDS else 'NOT met'}; wall {wall:.2f} s")
+    print(
+        f"steady cycle: {cpu:.2f} s CPU = {cpu / 15:.1%} of one core per 15 s cycle "
+        f"(goal < {GOAL_SECONDS:.2f} s, 25%): {'met' if cpu < GOAL_SECONDS else 'NOT met'}; wall {wall:.2f} s"
+    )
     print(f"peak RSS of the operator side: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 

@@ -93,11 +93,14 @@ def main() -> None:
     scenario = load_scenario(args.scenario)
     workloads = scenario.workloads()
     accesses = sum(len(r.blocks) for w in workloads for r in w.requests)
-    print(f"\n{scenario.name}: {accesses:,} block accesses; kvtier rebalance "
-          f"{scenario.rebalance.model_dump(mode='json', by_alias=True)}")
+    print(
+        f"\n{scenario.name}: {accesses:,} block accesses; kvtier rebalance "
+        f"{scenario.rebalance.model_dump(mode='json', by_alias=True)}"
+    )
     for name in scenario.policies:
-        seconds = best_of(args.repeat, lambda: run_policy(build_policies([name], scenario, workloads)[name],
-                                                          scenario, workloads))
+        seconds = best_of(
+            args.repeat, lambda: run_policy(build_policies([name], scenario, workloads)[name], scenario, workloads)
+        )
         print(f"policy {name:41s} {accesses / seconds:>12,.0f} block accesses/s  ({seconds:.3f} s)")
 
 

@@ -25,17 +25,27 @@ from kvtier.telemetry.engines import replica_snapshot
 from kvtier.telemetry.exposition import parse_exposition
 
 #: vLLM histograms besides TTFT (engine-metrics.md), to fill the page up to a real one's size.
-OTHER_HISTOGRAMS = ("vllm:e2e_request_latency_seconds", "vllm:inter_token_latency_seconds",
-                    "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-                    "vllm:request_inference_time_seconds", "vllm:request_time_per_output_token_seconds",
-                    "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:iteration_tokens_total",
-                    "vllm:request_params_max_tokens", "vllm:request_params_n", "vllm:request_num_preemptions")
+OTHER_HISTOGRAMS = (
+    "vllm:e2e_request_latency_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:request_inference_time_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:iteration_tokens_total",
+    "vllm:request_params_max_tokens",
+    "vllm:request_params_n",
+    "vllm:request_num_preemptions",
+)
 
 
 def build_page(series: int) -> bytes:
     """A full replica page: vLLM, LMCache MP, probe, and vLLM histograms as filler."""
-    server = SimServer(EngineParams(block_tokens=4, kv_bytes_per_token=1 << 18, hbm_blocks=4, cpu_blocks=8),
-                       model="bench")
+    server = SimServer(
+        EngineParams(block_tokens=4, kv_bytes_per_token=1 << 18, hbm_blocks=4, cpu_blocks=8), model="bench"
+    )
     server.set_quota("", 1.0)
     for index in range(200):
         server.serve(list(range(index % 9, index % 9 + 6)), 24, 8, "t" if index % 2 else "")
@@ -72,8 +82,10 @@ def main() -> None:
     page = build_page(args.series)
     parsed = parse_exposition(page)
     text = page.decode()
-    print(f"page: {parsed.series} series, {len(page)} bytes, {len(page.splitlines())} lines, "
-          f"{len(parsed.problems)} problems")
+    print(
+        f"page: {parsed.series} series, {len(page)} bytes, {len(page.splitlines())} lines, "
+        f"{len(parsed.problems)} problems"
+    )
     results = {
         "parse_exposition": rate(lambda: parse_exposition(page), args.seconds),
         "parse_exposition + replica_snapshot": rate(lambda: replica_snapshot(parse_exposition(page)), args.seconds),

@@ -21,9 +21,9 @@ timed() {  # timed LABEL COMMAND...: run it, print how long it took
 timed "setup (.venv, kubectl, helm)" ./hack/setup.sh
 
 lint() {  # ruff and mypy read their settings from pyproject.toml
-  .venv/bin/ruff check operator tests bench && .venv/bin/mypy
+  .venv/bin/ruff check operator tests bench && .venv/bin/ruff format --check operator tests bench && .venv/bin/mypy
 }
-timed "lint and types (ruff check, mypy)" lint
+timed "lint, format and types (ruff check, ruff format --check, mypy)" lint
 
 status=0
 bin="$(timed "control plane (build or reuse)" ./hack/control-plane.sh | tail -1)" || status=$?

@@ -22,8 +22,13 @@ RELEASE, NAMESPACE = "kvtier-operator", "kvtier-system"
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if not HELM.exists():
         pytest.fail(f"{HELM} is missing: run ./hack/tools.sh (./hack/setup.sh does)")
-    result = subprocess.run([str(HELM), *args], capture_output=True, text=True, timeout=120,
-                            env={"HOME": tempfile.gettempdir(), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [str(HELM), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"HOME": tempfile.gettempdir(), "PATH": "/usr/bin:/bin"},
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)}:\n{result.stderr}")
     return result
@@ -43,5 +48,10 @@ def template(values: dict[str, Any] | None = None, *extra: str) -> list[dict[str
 
 def rule_triples(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     """Every (verb, group, resource[/subresource]) a list of RBAC rules grants."""
-    return {(verb, group, resource) for rule in rules for group in rule.get("apiGroups", [])
-            for resource in rule.get("resources", []) for verb in rule.get("verbs", [])}
+    return {
+        (verb, group, resource)
+        for rule in rules
+        for group in rule.get("apiGroups", [])
+        for resource in rule.get("resources", [])
+        for verb in rule.get("verbs", [])
+    }

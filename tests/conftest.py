@@ -26,11 +26,14 @@ GROUNDS = ("embedded", "real")
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--ground", choices=("embedded", "real", "all"), default=os.environ.get("KVTIER_GROUND"),
+        "--ground",
+        choices=("embedded", "real", "all"),
+        default=os.environ.get("KVTIER_GROUND"),
         help="Where tests taking the `cluster` fixture (tests/e2e, the pod simulator's) run: the embedded API "
-             "emulator, the real control plane (hack/control-plane.sh builds it), or both. Default ($KVTIER_GROUND): "
-             "all when the control plane binaries are there, else embedded (with CI=true: all, failing without "
-             "them). KVTIER_E2E_KUBECONFIG overrides it: an external cluster with the operator installed.")
+        "emulator, the real control plane (hack/control-plane.sh builds it), or both. Default ($KVTIER_GROUND): "
+        "all when the control plane binaries are there, else embedded (with CI=true: all, failing without "
+        "them). KVTIER_E2E_KUBECONFIG overrides it: an external cluster with the operator installed.",
+    )
 
 
 def _real_ground_unavailable() -> str | None:
@@ -75,6 +78,7 @@ def pytest_generate_tests(metafunc):
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items):
     """One ground after the other (each session-scoped cluster starts once), the RBAC audit last within each."""
+
     def ground(item) -> int:
         spec = getattr(item, "callspec", None)
         value = spec.params.get("cluster") if spec else None
@@ -97,8 +101,9 @@ def cluster(request):
     from kvtier.testing.cluster import BackgroundCluster, ExternalCluster
 
     ground = getattr(request, "param", "embedded")
-    operator = OperatorConfig(resync_seconds=1.0, scrape_interval_seconds=1.0, scrape_timeout_seconds=0.5,
-                              status_interval_seconds=1.0)
+    operator = OperatorConfig(
+        resync_seconds=1.0, scrape_interval_seconds=1.0, scrape_timeout_seconds=0.5, status_interval_seconds=1.0
+    )
     if ground == "external":
         running = ExternalCluster(os.environ["KVTIER_E2E_KUBECONFIG"])
     elif ground == "real":

@@ -111,8 +111,13 @@ def dev() -> None:
 
 
 @dev.command("up")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=Path(".kvtier/kubeconfig"),
-              show_default=True, help="Where to write the kubeconfig for kubectl and friends.")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path(".kvtier/kubeconfig"),
+    show_default=True,
+    help="Where to write the kubeconfig for kubectl and friends.",
+)
 @click.option("--port", type=int, default=0, show_default=True, help="API server port (0: any free port).")
 @click.option("--nodes", type=click.IntRange(0), default=4, show_default=True, help="Simulated nodes.")
 @click.option("--gpus-per-node", type=click.IntRange(0), default=8, show_default=True)
@@ -120,12 +125,26 @@ def dev() -> None:
 @click.option("--cpu", default="128", show_default=True, help="Allocatable CPU per node.")
 @click.option("--operator/--no-operator", default=True, show_default=True, help="Run the kvtier operator too.")
 @click.option("--resync-seconds", type=click.FloatRange(min=0.5), default=2.0, show_default=True)
-@click.option("--control-plane", type=click.Choice(["embedded", "real"]), default="embedded", show_default=True,
-              help="embedded: the in-process API emulator (Python only). real: etcd, kube-apiserver, "
-                   "kube-controller-manager and kube-scheduler built by hack/control-plane.sh (needs Go once); "
-                   "the pod simulator acts as the kubelets.")
-def dev_up(kubeconfig: Path, port: int, nodes: int, gpus_per_node: int, memory: str, cpu: str, operator: bool,
-           resync_seconds: float, control_plane: str) -> None:
+@click.option(
+    "--control-plane",
+    type=click.Choice(["embedded", "real"]),
+    default="embedded",
+    show_default=True,
+    help="embedded: the in-process API emulator (Python only). real: etcd, kube-apiserver, "
+    "kube-controller-manager and kube-scheduler built by hack/control-plane.sh (needs Go once); "
+    "the pod simulator acts as the kubelets.",
+)
+def dev_up(
+    kubeconfig: Path,
+    port: int,
+    nodes: int,
+    gpus_per_node: int,
+    memory: str,
+    cpu: str,
+    operator: bool,
+    resync_seconds: float,
+    control_plane: str,
+) -> None:
     """Start a local cluster (API server, kvtier CRDs, simulated nodes and pods, operator) until Ctrl-C."""
     import asyncio
 
@@ -133,8 +152,11 @@ def dev_up(kubeconfig: Path, port: int, nodes: int, gpus_per_node: int, memory: 
     from kvtier.testing.cluster import EmbeddedCluster, default_nodes, serve_until_signalled
 
     declared = default_nodes(nodes, gpus=gpus_per_node, memory=memory, cpu=cpu)
-    config = OperatorConfig(resync_seconds=resync_seconds, scrape_interval_seconds=2.0,
-                            status_interval_seconds=2.0) if operator else None
+    config = (
+        OperatorConfig(resync_seconds=resync_seconds, scrape_interval_seconds=2.0, status_interval_seconds=2.0)
+        if operator
+        else None
+    )
     if control_plane == "real":
         from kvtier.testing.controlplane import ControlPlaneUnavailable
         from kvtier.testing.realcluster import ControlPlaneCluster
@@ -166,16 +188,41 @@ def _kubectl_command() -> str:
 
 
 @main.command()
-@click.option("--duration", type=click.FloatRange(min=1), default=120.0, show_default=True,
-              help="Wall-clock seconds to watch once every replica is Ready.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path(".kvtier/demo"),
-              show_default=True, help="Where summary.md, demo.png, samples.json and operator.log go.")
-@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
-              help="Simulated seconds per wall-clock second (the busy deployment changes every 200 simulated s).")
-@click.option("--live/--no-live", default=True, show_default=True,
-              help="Live terminal view (only on a terminal); --no-live prints a progress line every few seconds.")
-@click.option("--ready-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
-              help="Give up (exit 1) if the replicas are not all Ready within this many seconds.")
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Wall-clock seconds to watch once every replica is Ready.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".kvtier/demo"),
+    show_default=True,
+    help="Where summary.md, demo.png, samples.json and operator.log go.",
+)
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Simulated seconds per wall-clock second (the busy deployment changes every 200 simulated s).",
+)
+@click.option(
+    "--live/--no-live",
+    default=True,
+    show_default=True,
+    help="Live terminal view (only on a terminal); --no-live prints a progress line every few seconds.",
+)
+@click.option(
+    "--ready-timeout",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Give up (exit 1) if the replicas are not all Ready within this many seconds.",
+)
 def demo(duration: float, out_dir: Path, speed: float, live: bool, ready_timeout: float) -> None:
     """Run the embedded cluster with a pool and three shifting loads, show it live, then summarise and plot it."""
     from kvtier.demo import DemoOptions, run_demo
@@ -217,8 +264,12 @@ def _engine_options(command: Callable[..., None]) -> Callable[..., None]:
 
     for spec in reversed(fields(SERVE_DEFAULTS)):
         default = getattr(SERVE_DEFAULTS, spec.name)
-        option = click.option(f"--{spec.name.replace('_', '-')}", type=type(default), default=default,
-                              help=f"Engine model: {spec.name.replace('_', ' ')}.")
+        option = click.option(
+            f"--{spec.name.replace('_', '-')}",
+            type=type(default),
+            default=default,
+            help=f"Engine model: {spec.name.replace('_', ' ')}.",
+        )
         command = option(command)
     return command
 
@@ -227,19 +278,38 @@ def _engine_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--host", default="0.0.0.0", help="Address of every face.")
 @click.option("--port", type=int, default=8000, help="vLLM face: /health, /v1/models, /v1/completions, /metrics.")
 @click.option("--model", default="kvsim", help="Served model name.")
-@click.option("--lmcache-http-port", type=int,
-              help="LMCache MP HTTP port: /healthcheck, /quota and /metrics, as 0.5.6 serves them (off if not given).")
+@click.option(
+    "--lmcache-http-port",
+    type=int,
+    help="LMCache MP HTTP port: /healthcheck, /quota and /metrics, as 0.5.6 serves them (off if not given).",
+)
 @click.option("--lookup-hash-log-dir", type=click.Path(file_okay=False), help="Write LMCache's lookup-hash log here.")
-@click.option("--lookup-hash-log-rotation-interval", type=click.FloatRange(0, min_open=True), default=21600.0,
-              help="Seconds before a new log file starts.")
-@click.option("--lookup-hash-log-rotation-max-size", type=click.IntRange(0), default=100 << 20,
-              help="Bytes before a new log file starts (0: no limit).")
+@click.option(
+    "--lookup-hash-log-rotation-interval",
+    type=click.FloatRange(0, min_open=True),
+    default=21600.0,
+    help="Seconds before a new log file starts.",
+)
+@click.option(
+    "--lookup-hash-log-rotation-max-size",
+    type=click.IntRange(0),
+    default=100 << 20,
+    help="Bytes before a new log file starts (0: no limit).",
+)
 @click.option("--lookup-hash-log-max-files", type=click.IntRange(0), default=10, help="Log files kept (0: all).")
 @click.option("--trace", type=click.Path(exists=True, dir_okay=False), help="Replay this Mooncake-format trace.")
-@click.option("--speed", type=click.FloatRange(0, min_open=True), default=1.0,
-              help="Simulated seconds per wall-clock second (engine latencies are simulated seconds).")
-@click.option("--time-shift", type=float, default=0.0,
-              help="Seconds added to the trace's arrivals (requests before 0 are skipped).")
+@click.option(
+    "--speed",
+    type=click.FloatRange(0, min_open=True),
+    default=1.0,
+    help="Simulated seconds per wall-clock second (engine latencies are simulated seconds).",
+)
+@click.option(
+    "--time-shift",
+    type=float,
+    default=0.0,
+    help="Seconds added to the trace's arrivals (requests before 0 are skipped).",
+)
 @click.option("--loop/--no-loop", default=False, help="Start the trace over after its end.")
 @click.option("--trace-salt", default="", help="cache_salt of the trace's requests (default: none, `_default`).")
 @click.option("--quota", "quotas", multiple=True, metavar="SALT=GB", help="Initial L2 quota (repeatable).")
@@ -272,8 +342,13 @@ def sim_serve(
     params = EngineParams(**engine)
     lookup_log = None
     if lookup_hash_log_dir:
-        lookup_log = open_lookup_log(lookup_hash_log_dir, params, interval_seconds=lookup_hash_log_rotation_interval,
-                                     max_bytes=lookup_hash_log_rotation_max_size, max_files=lookup_hash_log_max_files)
+        lookup_log = open_lookup_log(
+            lookup_hash_log_dir,
+            params,
+            interval_seconds=lookup_hash_log_rotation_interval,
+            max_bytes=lookup_hash_log_rotation_max_size,
+            max_files=lookup_hash_log_max_files,
+        )
     server = SimServer(params, model=model, speed=speed, lookup_log=lookup_log)
     for quota in quotas:
         salt, _, limit = quota.partition("=")
@@ -286,10 +361,19 @@ def sim_serve(
 
 
 @sim.command("pod")
-@click.option("--vllm", "vllm_command", required=True, metavar="'vllm serve ...'",
-              help="The pod's vLLM command line, as rendered (one shell-quoted string).")
-@click.option("--lmcache", "lmcache_command", metavar="'lmcache server ...'",
-              help="The pod's LMCache MP server command line, as rendered (its ports, chunk size, lookup-hash log).")
+@click.option(
+    "--vllm",
+    "vllm_command",
+    required=True,
+    metavar="'vllm serve ...'",
+    help="The pod's vLLM command line, as rendered (one shell-quoted string).",
+)
+@click.option(
+    "--lmcache",
+    "lmcache_command",
+    metavar="'lmcache server ...'",
+    help="The pod's LMCache MP server command line, as rendered (its ports, chunk size, lookup-hash log).",
+)
 @click.option("--host", default="0.0.0.0", show_default=True, help="Address of every face.")
 def sim_pod(vllm_command: str, lmcache_command: str | None, host: str) -> None:
     """Run a rendered pod's engines as one kvsim engine (what `kvtier run --simulated-engine-image` renders).
@@ -301,16 +385,22 @@ def sim_pod(vllm_command: str, lmcache_command: str | None, host: str) -> None:
 
     from kvtier.sim.pods import KvsimEngines, container_kind
 
-    containers = [{"name": "vllm", "command": shlex.split(vllm_command),
-                   "env": [{"name": k, "value": v} for k, v in os.environ.items() if k.startswith("KVSIM_")]}]
+    containers = [
+        {
+            "name": "vllm",
+            "command": shlex.split(vllm_command),
+            "env": [{"name": k, "value": v} for k, v in os.environ.items() if k.startswith("KVSIM_")],
+        }
+    ]
     if lmcache_command:
         containers.append({"name": "lmcache", "command": shlex.split(lmcache_command)})
     expected = {"vllm": "vllm serve", "lmcache": "lmcache server"}
     for container in containers:
         kind = container_kind(container)
         if kind is None or kind[0] != container["name"]:
-            raise click.BadParameter(f"not a `{expected[container['name']]} ...` command line",
-                                     param_hint=f"--{container['name']}")
+            raise click.BadParameter(
+                f"not a `{expected[container['name']]} ...` command line", param_hint=f"--{container['name']}"
+            )
     pod = {"metadata": {"uid": "pod", "name": os.environ.get("HOSTNAME", "kvsim")}, "spec": {"containers": containers}}
 
     async def start() -> Any:
@@ -342,17 +432,33 @@ def probe(**options: Any) -> None:
 
 
 @sim.command("replay")
-@click.option("--scenario", "scenario_path", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Scenario file (format: scenarios/README.md).")
-@click.option("--json", "json_out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the results here (the README's JSON shape).")
-@click.option("--markdown", "markdown_out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write a markdown summary.")
-@click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write PNG plots (quota per tenant over time, hit ratio per policy).")
+@click.option(
+    "--scenario",
+    "scenario_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Scenario file (format: scenarios/README.md).",
+)
+@click.option(
+    "--json",
+    "json_out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the results here (the README's JSON shape).",
+)
+@click.option(
+    "--markdown", "markdown_out", type=click.Path(dir_okay=False, path_type=Path), help="Also write a markdown summary."
+)
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write PNG plots (quota per tenant over time, hit ratio per policy).",
+)
 @click.option("--policies", help="Comma-separated policies to run instead of the scenario's.")
-def sim_replay(scenario_path: Path, json_out: Path, markdown_out: Path | None, plot_out: Path | None,
-               policies: str | None) -> None:
+def sim_replay(
+    scenario_path: Path, json_out: Path, markdown_out: Path | None, plot_out: Path | None, policies: str | None
+) -> None:
     """Replay a multi-tenant scenario under its pool policies, side by side (progress on stderr)."""
     import json
     import os
@@ -372,8 +478,9 @@ def sim_replay(scenario_path: Path, json_out: Path, markdown_out: Path | None, p
         names = [name.strip() for name in policies.split(",") if name.strip()]
         unknown = [name for name in names if name not in get_args(PolicyName)]
         if unknown or not names:
-            raise click.BadParameter(f"unknown policies {unknown}; known: {', '.join(get_args(PolicyName))}",
-                                     param_hint="--policies")
+            raise click.BadParameter(
+                f"unknown policies {unknown}; known: {', '.join(get_args(PolicyName))}", param_hint="--policies"
+            )
     runs = replay_scenario(scenario, names, progress=lambda line: click.echo(line, err=True))
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(to_json(scenario, runs), indent=2) + "\n")
@@ -392,45 +499,119 @@ def sim_replay(scenario_path: Path, json_out: Path, markdown_out: Path | None, p
 
 
 @main.command()
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, or the in-cluster service account).")
-@click.option("-n", "--namespace", "namespaces", multiple=True,
-              help="Serve InferenceDeployments of this namespace only (repeatable; default: all namespaces).")
-@click.option("--resync-seconds", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
-              help="How often every object is re-reconciled (drift correction, status refresh).")
-@click.option("--lmcache-image", default=None, help="Image of the LMCache MP server container: lmcache 0.5.6 with lmcache-rust-raw-block-io (storage tiers need it).")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, or the in-cluster service account).",
+)
+@click.option(
+    "-n",
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="Serve InferenceDeployments of this namespace only (repeatable; default: all namespaces).",
+)
+@click.option(
+    "--resync-seconds",
+    type=click.FloatRange(min=0.5),
+    default=10.0,
+    show_default=True,
+    help="How often every object is re-reconciled (drift correction, status refresh).",
+)
+@click.option(
+    "--lmcache-image",
+    default=None,
+    help="Image of the LMCache MP server container: lmcache 0.5.6 with lmcache-rust-raw-block-io (storage tiers need it).",
+)
 @click.option("--probe-image", default=None, help="Image of the kvtier-probe sidecar (the kvtier image).")
 @click.option("--pod-monitor", is_flag=True, help="Render a PodMonitor per deployment (Prometheus Operator CRDs).")
 @click.option("--liveness", default=None, help="Serve liveness on this URL, e.g. http://0.0.0.0:8080/healthz.")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Serve the operator's own Prometheus metrics (kvtier_*) on this port at /metrics (0: off).")
-@click.option("--scrape-interval", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
-              help="Seconds between telemetry cycles: every Ready replica's vLLM, LMCache and probe metrics "
-                   "(or the Prometheus queries) feed status.kv and MetricsAvailable.")
-@click.option("--metrics-source", type=click.Choice(["scrape", "prometheus"]), default="scrape", show_default=True,
-              help="scrape: fetch every replica's /metrics directly; prometheus: query --prometheus-url instead "
-                   "(the series your Prometheus scrapes from the PodMonitor).")
-@click.option("--prometheus-url", default=None, metavar="URL",
-              help="Base URL of the Prometheus server for --metrics-source prometheus, e.g. http://prometheus:9090.")
-@click.option("--status-interval", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
-              help="Least seconds between two telemetry writes of one deployment's status (only material changes "
-                   "are written).")
-@click.option("--telemetry-window", type=click.FloatRange(min=1), default=300.0, show_default=True,
-              help="Seconds of history behind hit ratios, rates and the watermark mean/max.")
-@click.option("--peering", default=None, metavar="NAME",
-              help="Join this kopf peering (a ClusterKopfPeering, or a KopfPeering per namespace; it must exist): "
-                   "a peer of higher --priority pauses this operator. Default: standalone.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Serve the operator's own Prometheus metrics (kvtier_*) on this port at /metrics (0: off).",
+)
+@click.option(
+    "--scrape-interval",
+    type=click.FloatRange(min=0.1),
+    default=15.0,
+    show_default=True,
+    help="Seconds between telemetry cycles: every Ready replica's vLLM, LMCache and probe metrics "
+    "(or the Prometheus queries) feed status.kv and MetricsAvailable.",
+)
+@click.option(
+    "--metrics-source",
+    type=click.Choice(["scrape", "prometheus"]),
+    default="scrape",
+    show_default=True,
+    help="scrape: fetch every replica's /metrics directly; prometheus: query --prometheus-url instead "
+    "(the series your Prometheus scrapes from the PodMonitor).",
+)
+@click.option(
+    "--prometheus-url",
+    default=None,
+    metavar="URL",
+    help="Base URL of the Prometheus server for --metrics-source prometheus, e.g. http://prometheus:9090.",
+)
+@click.option(
+    "--status-interval",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    help="Least seconds between two telemetry writes of one deployment's status (only material changes are written).",
+)
+@click.option(
+    "--telemetry-window",
+    type=click.FloatRange(min=1),
+    default=300.0,
+    show_default=True,
+    help="Seconds of history behind hit ratios, rates and the watermark mean/max.",
+)
+@click.option(
+    "--peering",
+    default=None,
+    metavar="NAME",
+    help="Join this kopf peering (a ClusterKopfPeering, or a KopfPeering per namespace; it must exist): "
+    "a peer of higher --priority pauses this operator. Default: standalone.",
+)
 @click.option("--priority", type=int, default=0, show_default=True, help="Peering priority (with --peering).")
-@click.option("--simulated-engine-image", default=None, metavar="IMAGE",
-              help="Run every engine under kvsim from this image (the kvtier image): kind and demos, never production.")
-@click.option("--operator-namespace", envvar="POD_NAMESPACE", default="kvtier-system", show_default=True,
-              help="The operator's own namespace, where released static volumes are wiped (env POD_NAMESPACE).")
+@click.option(
+    "--simulated-engine-image",
+    default=None,
+    metavar="IMAGE",
+    help="Run every engine under kvsim from this image (the kvtier image): kind and demos, never production.",
+)
+@click.option(
+    "--operator-namespace",
+    envvar="POD_NAMESPACE",
+    default="kvtier-system",
+    show_default=True,
+    help="The operator's own namespace, where released static volumes are wiped (env POD_NAMESPACE).",
+)
 @click.option("--wipe-image", default=None, help="Image of the Jobs that wipe released static volumes.")
-def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: float, lmcache_image: str | None,
-        probe_image: str | None, pod_monitor: bool, liveness: str | None, metrics_port: int, scrape_interval: float,
-        metrics_source: str, prometheus_url: str | None, status_interval: float, telemetry_window: float,
-        peering: str | None, priority: int, simulated_engine_image: str | None, operator_namespace: str,
-        wipe_image: str | None) -> None:
+def run(
+    kubeconfig: Path | None,
+    namespaces: tuple[str, ...],
+    resync_seconds: float,
+    lmcache_image: str | None,
+    probe_image: str | None,
+    pod_monitor: bool,
+    liveness: str | None,
+    metrics_port: int,
+    scrape_interval: float,
+    metrics_source: str,
+    prometheus_url: str | None,
+    status_interval: float,
+    telemetry_window: float,
+    peering: str | None,
+    priority: int,
+    simulated_engine_image: str | None,
+    operator_namespace: str,
+    wipe_image: str | None,
+) -> None:
     """Run the kvtier operator against a cluster until interrupted."""
     import asyncio
     import dataclasses
@@ -441,60 +622,141 @@ def run(kubeconfig: Path | None, namespaces: tuple[str, ...], resync_seconds: fl
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     images = {"lmcache_image": lmcache_image, "probe_image": probe_image, "wipe_image": wipe_image}
-    render = dataclasses.replace(RenderOptions(), pod_monitor=pod_monitor,
-                                 **{key: value for key, value in images.items() if value})
+    render = dataclasses.replace(
+        RenderOptions(), pod_monitor=pod_monitor, **{key: value for key, value in images.items() if value}
+    )
     if simulated_engine_image:
         from kvtier.render.simulate import simulated_options
 
         render = simulated_options(render, simulated_engine_image)
     if metrics_source == "prometheus" and not prometheus_url:
         raise click.BadParameter("--metrics-source prometheus needs --prometheus-url", param_hint="--prometheus-url")
-    config = OperatorConfig(kubeconfig=kubeconfig, namespaces=namespaces, resync_seconds=resync_seconds, render=render,
-                            metrics_port=metrics_port, scrape_interval_seconds=scrape_interval,
-                            metrics_source=metrics_source, prometheus_url=prometheus_url,  # type: ignore[arg-type]  # click.Choice checked the literal
-                            status_interval_seconds=status_interval, telemetry_window_seconds=telemetry_window,
-                            peering=peering, priority=priority, namespace=operator_namespace)
+    config = OperatorConfig(
+        kubeconfig=kubeconfig,
+        namespaces=namespaces,
+        resync_seconds=resync_seconds,
+        render=render,
+        metrics_port=metrics_port,
+        scrape_interval_seconds=scrape_interval,
+        metrics_source=metrics_source,
+        prometheus_url=prometheus_url,  # type: ignore[arg-type]  # click.Choice checked the literal
+        status_interval_seconds=status_interval,
+        telemetry_window_seconds=telemetry_window,
+        peering=peering,
+        priority=priority,
+        namespace=operator_namespace,
+    )
     asyncio.run(run_operator(config, liveness_endpoint=liveness))
 
 
 @main.command()
-@click.option("--scenario", "scenario_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Replay scenario (scenarios/README.md): its tenants, their traces and cost models, and the pool.")
-@click.option("--trace", "traces", multiple=True, metavar="[NAME=]FILE",
-              help="A deployment's Mooncake-format trace (repeatable), instead of --scenario; the options below "
-                   "give every trace the same tenant fields.")
-@click.option("--live", is_flag=True, help="Plan the cluster's KVPools from the demand curves their deployments "
-              "publish in status.kv (the current kubeconfig context, or --kubeconfig).")
-@click.option("--kubeconfig", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Kubeconfig of the cluster to plan (implies --live).")
+@click.option(
+    "--scenario",
+    "scenario_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Replay scenario (scenarios/README.md): its tenants, their traces and cost models, and the pool.",
+)
+@click.option(
+    "--trace",
+    "traces",
+    multiple=True,
+    metavar="[NAME=]FILE",
+    help="A deployment's Mooncake-format trace (repeatable), instead of --scenario; the options below "
+    "give every trace the same tenant fields.",
+)
+@click.option(
+    "--live",
+    is_flag=True,
+    help="Plan the cluster's KVPools from the demand curves their deployments "
+    "publish in status.kv (the current kubeconfig context, or --kubeconfig).",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Kubeconfig of the cluster to plan (implies --live).",
+)
 @click.option("--pool", "pool_name", default=None, help="Live: plan this KVPool only (default: every pool).")
 @click.option("--capacity", "capacity", default=None, help="With --trace: the current pool capacity (e.g. 2Ti).")
-@click.option("--cost-model", type=click.Choice(sorted(COST_MODEL_PRESETS)), default="llama-3-70b-4xh100",
-              show_default=True, help="With --trace or live: the deployments' cost model preset.")
+@click.option(
+    "--cost-model",
+    type=click.Choice(sorted(COST_MODEL_PRESETS)),
+    default="llama-3-70b-4xh100",
+    show_default=True,
+    help="With --trace or live: the deployments' cost model preset.",
+)
 @click.option("--block-tokens", type=click.IntRange(1), default=512, show_default=True, help="With --trace.")
-@click.option("--storage-read-bytes-per-second", type=click.FloatRange(min=1), default=5.23e9, show_default=True,
-              help="With --trace: what one replica reads from the pool.")
-@click.option("--capacities", default=None, metavar="Q,Q,...",
-              help="Capacities to try, e.g. 10Ti,20Ti (default: 0.25x to 4x the current one).")
-@click.option("--read-bandwidth", default=None, metavar="BYTES/S",
-              help="The pool's total read bandwidth (a quantity, e.g. 25G); default: live, spec.readBandwidth x "
-                   "replicas, else the chosen price row's arrays'.")
-@click.option("--prices", "prices_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Price table (manifests/examples/prices-fx100.yaml shows the format).")
-@click.option("--target-hit-ratio", type=click.FloatRange(0, 1), default=None, help="Pick the smallest capacity "
-              "whose overall block hit ratio reaches this.")
-@click.option("--target-ttft-p50", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
-              help="... whose TTFT p50 is at most this.")
-@click.option("--max-price-per-saved-gpu-hour", type=click.FloatRange(min=0), default=None,
-              help="... whose price per saved GPU-hour (amortized as the price table says) is at most this.")
+@click.option(
+    "--storage-read-bytes-per-second",
+    type=click.FloatRange(min=1),
+    default=5.23e9,
+    show_default=True,
+    help="With --trace: what one replica reads from the pool.",
+)
+@click.option(
+    "--capacities",
+    default=None,
+    metavar="Q,Q,...",
+    help="Capacities to try, e.g. 10Ti,20Ti (default: 0.25x to 4x the current one).",
+)
+@click.option(
+    "--read-bandwidth",
+    default=None,
+    metavar="BYTES/S",
+    help="The pool's total read bandwidth (a quantity, e.g. 25G); default: live, spec.readBandwidth x "
+    "replicas, else the chosen price row's arrays'.",
+)
+@click.option(
+    "--prices",
+    "prices_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Price table (manifests/examples/prices-fx100.yaml shows the format).",
+)
+@click.option(
+    "--target-hit-ratio",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Pick the smallest capacity whose overall block hit ratio reaches this.",
+)
+@click.option(
+    "--target-ttft-p50",
+    type=click.FloatRange(min=0),
+    default=None,
+    metavar="SECONDS",
+    help="... whose TTFT p50 is at most this.",
+)
+@click.option(
+    "--max-price-per-saved-gpu-hour",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="... whose price per saved GPU-hour (amortized as the price table says) is at most this.",
+)
 @click.option("--json", "json_out", is_flag=True, help="Print JSON instead of the table.")
-@click.option("--plot", "plot_out", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a PNG: hit ratio and saved GPU-hours against capacity.")
-def plan(scenario_path: Path | None, traces: tuple[str, ...], live: bool, kubeconfig: Path | None,
-         pool_name: str | None, capacity: str | None, cost_model: str, block_tokens: int,
-         storage_read_bytes_per_second: float, capacities: str | None, read_bandwidth: str | None,
-         prices_path: Path | None, target_hit_ratio: float | None, target_ttft_p50: float | None,
-         max_price_per_saved_gpu_hour: float | None, json_out: bool, plot_out: Path | None) -> None:
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a PNG: hit ratio and saved GPU-hours against capacity.",
+)
+def plan(
+    scenario_path: Path | None,
+    traces: tuple[str, ...],
+    live: bool,
+    kubeconfig: Path | None,
+    pool_name: str | None,
+    capacity: str | None,
+    cost_model: str,
+    block_tokens: int,
+    storage_read_bytes_per_second: float,
+    capacities: str | None,
+    read_bandwidth: str | None,
+    prices_path: Path | None,
+    target_hit_ratio: float | None,
+    target_ttft_p50: float | None,
+    max_price_per_saved_gpu_hour: float | None,
+    json_out: bool,
+    plot_out: Path | None,
+) -> None:
     """Capacity planning: what each pool size would earn, divided as the rebalancer divides it, and what it costs."""
     import json
 
@@ -512,9 +774,22 @@ def plan(scenario_path: Path | None, traces: tuple[str, ...], live: bool, kubeco
     live = live or kubeconfig is not None
     if (scenario_path is not None) + bool(traces) + live != 1:
         raise click.UsageError("give exactly one source: --scenario FILE, --trace FILE ... or --live/--kubeconfig")
-    jobs = _plan_live(kubeconfig, pool_name, cost_model) if live else [
-        _plan_offline(scenario_path, traces, capacity, capacities is not None, cost_model, block_tokens,
-                      storage_read_bytes_per_second, quantity)]
+    jobs = (
+        _plan_live(kubeconfig, pool_name, cost_model)
+        if live
+        else [
+            _plan_offline(
+                scenario_path,
+                traces,
+                capacity,
+                capacities is not None,
+                cost_model,
+                block_tokens,
+                storage_read_bytes_per_second,
+                quantity,
+            )
+        ]
+    )
     if plot_out is not None and len(jobs) > 1:
         raise click.BadParameter("one plot per run: name the pool with --pool", param_hint="--plot")
     prices = None
@@ -540,10 +815,15 @@ def plan(scenario_path: Path | None, traces: tuple[str, ...], live: bool, kubeco
         elif current:
             tried = planner.default_capacities(current)
         else:
-            raise click.BadParameter("the current capacity is less than one block; give --capacities",
-                                     param_hint="--capacity")
-        settings = {"evaluate": evaluate, "block_bytes": block, "read_bandwidth": bandwidth or pool_bandwidth,
-                    "prices": prices}
+            raise click.BadParameter(
+                "the current capacity is less than one block; give --capacities", param_hint="--capacity"
+            )
+        settings = {
+            "evaluate": evaluate,
+            "block_bytes": block,
+            "read_bandwidth": bandwidth or pool_bandwidth,
+            "prices": prices,
+        }
         try:
             outcomes = planner.plan(profiles, tried, **settings)
             if capacities is None:  # a default grid is coarse: bisect toward the smallest capacity meeting the targets
@@ -566,9 +846,16 @@ def plan(scenario_path: Path | None, traces: tuple[str, ...], live: bool, kubeco
 PlanJob = tuple[str, Any, int, int, "float | None", Callable[..., Any], list[str]]
 
 
-def _plan_offline(scenario_path: Path | None, traces: tuple[str, ...], capacity: str | None, capacities: bool,
-                  cost_model: str, block_tokens: int, storage_read_bytes_per_second: float,
-                  quantity: Callable[[str, str], int]) -> PlanJob:
+def _plan_offline(
+    scenario_path: Path | None,
+    traces: tuple[str, ...],
+    capacity: str | None,
+    capacities: bool,
+    cost_model: str,
+    block_tokens: int,
+    storage_read_bytes_per_second: float,
+    quantity: Callable[[str, str], int],
+) -> PlanJob:
     """(title, profiles, current blocks, block bytes, pool bandwidth, evaluate, notes) of a scenario or traces."""
     from pydantic import ValidationError
 
@@ -581,21 +868,32 @@ def _plan_offline(scenario_path: Path | None, traces: tuple[str, ...], capacity:
             scenario = load_scenario(scenario_path)
         else:
             if capacity is None and not capacities:
-                raise click.BadParameter("--trace needs --capacity (the current pool) or --capacities",
-                                         param_hint="--capacity")
+                raise click.BadParameter(
+                    "--trace needs --capacity (the current pool) or --capacities", param_hint="--capacity"
+                )
             named = [tuple(item.split("=", 1)) if "=" in item else (Path(item).stem, item) for item in traces]
             kv_bytes = preset(cost_model).kv_bytes_per_token
             scenario = planning.trace_scenario(
                 [(name, Path(path)) for name, path in named],
                 capacity_blocks=quantity(capacity, "--capacity") // (block_tokens * kv_bytes) if capacity else 0,
                 block_tokens=block_tokens,
-                kv_bytes_per_token=kv_bytes, prefill_tokens_per_second=1.0,  # unused: the preset prefills
-                storage_read_bytes_per_second=storage_read_bytes_per_second, cost_model=cost_model)
+                kv_bytes_per_token=kv_bytes,
+                prefill_tokens_per_second=1.0,  # unused: the preset prefills
+                storage_read_bytes_per_second=storage_read_bytes_per_second,
+                cost_model=cost_model,
+            )
         profiles = planning.profiles(scenario)
     except (ValidationError, OSError, ValueError) as error:
         raise click.ClickException(f"{scenario_path or ', '.join(traces)}: {error}") from error
-    return (scenario.name, profiles, scenario.capacity_blocks, planning.block_bytes(scenario), None,
-            planning.evaluate, planning.caveats(scenario))
+    return (
+        scenario.name,
+        profiles,
+        scenario.capacity_blocks,
+        planning.block_bytes(scenario),
+        None,
+        planning.evaluate,
+        planning.caveats(scenario),
+    )
 
 
 def _plan_live(kubeconfig: Path | None, pool_name: str | None, cost_model: str) -> list[PlanJob]:
@@ -627,5 +925,15 @@ def _plan_live(kubeconfig: Path | None, pool_name: str | None, cost_model: str) 
             raise click.BadParameter(f"no KVPool {pool_name!r} in the cluster", param_hint="--pool")
     if not pools:
         raise click.ClickException("the cluster has no KVPools to plan")
-    return [(pool.name, pool.profiles, pool.capacity_blocks, planlive.LIVE_BLOCK_BYTES, pool.read_bandwidth,
-             evaluate_curves, [f"{entry}: left out" for entry in pool.without_curve]) for pool in pools]
+    return [
+        (
+            pool.name,
+            pool.profiles,
+            pool.capacity_blocks,
+            planlive.LIVE_BLOCK_BYTES,
+            pool.read_bandwidth,
+            evaluate_curves,
+            [f"{entry}: left out" for entry in pool.without_curve],
+        )
+        for pool in pools
+    ]

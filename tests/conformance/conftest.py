@@ -36,22 +36,37 @@ class Engines:
         self.python = python
         self.bin = python.parent
         self.site_packages = pathlib.Path(
-            subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                           check=True, capture_output=True, text=True).stdout.strip())
+            subprocess.run(
+                [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        )
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "LMCACHE_DISABLE_BANNER": "1",
-                "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}"}
+        return {
+            **os.environ,
+            "VLLM_TARGET_DEVICE": "cpu",
+            "LMCACHE_DISABLE_BANNER": "1",
+            "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
 
     def ask(self, command: str, request: dict[str, Any]) -> Any:
         """One `engine_probe.py` command; its JSON answer (a crash of the probe fails the test with its log)."""
-        done = subprocess.run([str(self.python), str(PROBE), command], input=json.dumps(request), text=True,
-                              capture_output=True, env=self.env(), timeout=PROBE_TIMEOUT_SECONDS)
+        done = subprocess.run(
+            [str(self.python), str(PROBE), command],
+            input=json.dumps(request),
+            text=True,
+            capture_output=True,
+            env=self.env(),
+            timeout=PROBE_TIMEOUT_SECONDS,
+        )
         lines = [line for line in done.stdout.splitlines() if line.startswith(ANSWER_MARK)]
         if done.returncode != 0 or not lines:
             tail = "\n".join((done.stderr + done.stdout).splitlines()[-30:])
             pytest.fail(f"engine_probe.py {command} failed (exit {done.returncode}):\n{tail}")
-        return json.loads(lines[-1][len(ANSWER_MARK):])
+        return json.loads(lines[-1][len(ANSWER_MARK) :])
 
     def source(self, package: str) -> dict[pathlib.Path, str]:
         """Every Python file of an installed package, by path."""

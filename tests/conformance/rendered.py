@@ -20,8 +20,9 @@ CSI_FILESYSTEM = {"csi": {"storageClassName": "fast-nvme", "volumeMode": "Filesy
 NVMEOF = {
     "nvmeof": {
         "targets": [{"address": "192.0.2.10"}],
-        "namespaces": [{"nqn": "nqn.2024-06.com.example:kv-0", "uuid": "5b0c8d4e-0f1a-4c2b-9d3e-000000000000",
-                        "size": "2Ti"}],
+        "namespaces": [
+            {"nqn": "nqn.2024-06.com.example:kv-0", "uuid": "5b0c8d4e-0f1a-4c2b-9d3e-000000000000", "size": "2Ti"}
+        ],
     }
 }
 USER_ARGS = ["--max-num-seqs", "64", "--enable-prefix-caching", "--enable-expert-parallel"]
@@ -70,19 +71,34 @@ def examples() -> list[Rendered]:
     documents = [doc.model for doc in read_documents([str(EXAMPLES)]) if isinstance(doc.model, InferenceDeployment)]
     rendered = []
     for deployment in documents:
-        objects = [obj for obj in result.objects
-                   if obj["metadata"].get("namespace") == deployment.metadata.namespace
-                   and obj["metadata"].get("labels", {}).get(DEPLOYMENT_LABEL) == deployment.metadata.name]
+        objects = [
+            obj
+            for obj in result.objects
+            if obj["metadata"].get("namespace") == deployment.metadata.namespace
+            and obj["metadata"].get("labels", {}).get(DEPLOYMENT_LABEL) == deployment.metadata.name
+        ]
         rendered.append(_of(f"example-{deployment.metadata.name}", deployment, objects))
     assert rendered, f"no InferenceDeployment in {EXAMPLES}"
     return rendered
 
 
-def deployment(mode: str = "LMCacheMP", tp: int = 1, max_model_len: int | None = None, args: list[str] | None = None,
-               storage: bool = True, kv_bytes_per_token: int = 147456, cpu: str = "64Gi", chunk_size: int = 256,
-               served_name: str | None = "chat") -> InferenceDeployment:
-    engine: dict[str, Any] = {"image": "vllm/vllm-openai:v0.33.0", "tensorParallelSize": tp,
-                              "gpuMemoryUtilization": 0.85, "args": args or []}
+def deployment(
+    mode: str = "LMCacheMP",
+    tp: int = 1,
+    max_model_len: int | None = None,
+    args: list[str] | None = None,
+    storage: bool = True,
+    kv_bytes_per_token: int = 147456,
+    cpu: str = "64Gi",
+    chunk_size: int = 256,
+    served_name: str | None = "chat",
+) -> InferenceDeployment:
+    engine: dict[str, Any] = {
+        "image": "vllm/vllm-openai:v0.33.0",
+        "tensorParallelSize": tp,
+        "gpuMemoryUtilization": 0.85,
+        "args": args or [],
+    }
     if max_model_len is not None:
         engine["maxModelLen"] = max_model_len
     kv: dict[str, Any] = {"mode": mode}
@@ -93,20 +109,34 @@ def deployment(mode: str = "LMCacheMP", tp: int = 1, max_model_len: int | None =
     model: dict[str, Any] = {"name": "Qwen/Qwen3-8B", "kvBytesPerToken": kv_bytes_per_token}
     if served_name:
         model["servedName"] = served_name
-    return InferenceDeployment.model_validate({
-        "apiVersion": "kvtier.io/v1alpha1", "kind": "InferenceDeployment",
-        "metadata": {"name": "chat", "namespace": "ml", "uid": "6f1f9c1e-3a52-4b8e-9a4f-1c2d3e4f5a6b"},
-        "spec": {"replicas": 1, "model": model, "engine": engine, "kvCache": kv},
-    })
+    return InferenceDeployment.model_validate(
+        {
+            "apiVersion": "kvtier.io/v1alpha1",
+            "kind": "InferenceDeployment",
+            "metadata": {"name": "chat", "namespace": "ml", "uid": "6f1f9c1e-3a52-4b8e-9a4f-1c2d3e4f5a6b"},
+            "spec": {"replicas": 1, "model": model, "engine": engine, "kvCache": kv},
+        }
+    )
 
 
 def pool(storage: dict[str, Any], policy: str = "MarginalGain") -> KVPool:
-    return KVPool.model_validate({"apiVersion": "kvtier.io/v1alpha1", "kind": "KVPool", "metadata": {"name": "pool"},
-                                  "spec": {"capacity": "8Ti", "storage": storage, "rebalance": {"policy": policy}}})
+    return KVPool.model_validate(
+        {
+            "apiVersion": "kvtier.io/v1alpha1",
+            "kind": "KVPool",
+            "metadata": {"name": "pool"},
+            "spec": {"capacity": "8Ti", "storage": storage, "rebalance": {"policy": policy}},
+        }
+    )
 
 
-def render(name: str, spec: InferenceDeployment, storage: dict[str, Any] | None = None,
-           policy: str = "MarginalGain", options: RenderOptions | None = None) -> Rendered:
+def render(
+    name: str,
+    spec: InferenceDeployment,
+    storage: dict[str, Any] | None = None,
+    policy: str = "MarginalGain",
+    options: RenderOptions | None = None,
+) -> Rendered:
     kv_pool = pool(storage, policy) if storage is not None and spec.spec.kv_cache.storage is not None else None
     return _of(name, spec, render_deployment(spec, kv_pool, options or RenderOptions()))
 
@@ -114,8 +144,9 @@ def render(name: str, spec: InferenceDeployment, storage: dict[str, Any] | None 
 def vllm_matrix() -> list[Rendered]:
     """Modes x TP 1/2/8 x maxModelLen set or not x user args or none (storage on a block pool where allowed)."""
     cases = []
-    for mode, tp, max_len, args in itertools.product(("LMCacheMP", "LMCacheInProcess", "None"), (1, 2, 8),
-                                                     (None, 32768), (None, USER_ARGS)):
+    for mode, tp, max_len, args in itertools.product(
+        ("LMCacheMP", "LMCacheInProcess", "None"), (1, 2, 8), (None, 32768), (None, USER_ARGS)
+    ):
         storage = CSI_FILESYSTEM if mode == "LMCacheInProcess" else CSI_BLOCK
         name = f"{mode}-tp{tp}-len{max_len or 'default'}-{'args' if args else 'noargs'}"
         cases.append(render(name, deployment(mode, tp, max_len, args), storage))

@@ -32,10 +32,10 @@ def servers(engines, cases):
     mp = [case for case in cases if case.lmcache_argv is not None]
     no_storage = next(case for case in mp if case.name == "mp-no-storage").lmcache_argv
     without_policy = list(no_storage)
-    del without_policy[without_policy.index("--eviction-policy"):without_policy.index("--eviction-policy") + 2]
+    del without_policy[without_policy.index("--eviction-policy") : without_policy.index("--eviction-policy") + 2]
     argv = [case.lmcache_argv for case in mp] + [no_storage + ["--kvtier-no-such-flag", "1"], without_policy]
     answers = engines.ask("lmcache-server", {"argv": argv})
-    return {"cases": list(zip(mp, answers[:len(mp)])), "unknown": answers[-2], "without_policy": answers[-1]}
+    return {"cases": list(zip(mp, answers[: len(mp)])), "unknown": answers[-2], "without_policy": answers[-1]}
 
 
 def test_rendered_server_args_build_the_intended_configs(servers):
@@ -86,8 +86,9 @@ def test_rendered_config_files_load_with_lmcaches_loader(engines, cases, lmcache
         written = rendered.lmcache_config(case)
         assert answer["ignored"] == [], f"{case.name}: LMCache ignores {answer['ignored']}: {answer['warnings']}"
         # The loader turns the `file://` URL LMCache documents for local_disk into the directory it writes to.
-        expected = {key: value.removeprefix("file://") if key == "local_disk" else value
-                    for key, value in written.items()}
+        expected = {
+            key: value.removeprefix("file://") if key == "local_disk" else value for key, value in written.items()
+        }
         assert answer["values"] == expected, case.name
         for name, plugin in answer["plugins"].items():
             assert plugin.get("class_found"), f"{case.name}: storage plugin {name}: {plugin}"

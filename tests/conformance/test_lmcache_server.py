@@ -84,8 +84,9 @@ def server(engines, tmp_path_factory, request):
     case = rendered.render("mp-live", spec, rendered.CSI_BLOCK, options=options)
     argv = scaled(case.lmcache_argv, tmp_path)
     log = (tmp_path / "server.log").open("w")
-    process = subprocess.Popen([str(engines.bin / "lmcache"), "server", *argv], stdout=log, stderr=subprocess.STDOUT,
-                               env=engines.env())
+    process = subprocess.Popen(
+        [str(engines.bin / "lmcache"), "server", *argv], stdout=log, stderr=subprocess.STDOUT, env=engines.env()
+    )
     health = f"http://127.0.0.1:{options.lmcache_http_port}/healthcheck"
     deadline = time.monotonic() + STARTUP_SECONDS
     try:
@@ -114,12 +115,38 @@ def server(engines, tmp_path_factory, request):
 def drive_lookups(engines, case: rendered.Rendered, options: RenderOptions, requests: int = 3) -> str:
     """Store, look up and retrieve `requests` prompts through LMCache's own client on CPU tensors."""
     done = subprocess.run(
-        [str(engines.bin / "lmcache"), "bench", "server", "--mode", "cpu", "--transfer-mode", "lmcache_driven",
-         "--tp-size", str(case.deployment.spec.engine.tensor_parallel_size),
-         "--rpc-url", f"tcp://localhost:{options.lmcache_port}", "--url", f"http://127.0.0.1:{options.lmcache_http_port}",
-         "--start", "0", "--end", str(requests), "--interval", "0", "--num-tokens", "512",
-         "--kvcache-shape-spec", KV_SHAPE, "--format", "json"],
-        capture_output=True, text=True, env=engines.env(), timeout=300)
+        [
+            str(engines.bin / "lmcache"),
+            "bench",
+            "server",
+            "--mode",
+            "cpu",
+            "--transfer-mode",
+            "lmcache_driven",
+            "--tp-size",
+            str(case.deployment.spec.engine.tensor_parallel_size),
+            "--rpc-url",
+            f"tcp://localhost:{options.lmcache_port}",
+            "--url",
+            f"http://127.0.0.1:{options.lmcache_http_port}",
+            "--start",
+            "0",
+            "--end",
+            str(requests),
+            "--interval",
+            "0",
+            "--num-tokens",
+            "512",
+            "--kvcache-shape-spec",
+            KV_SHAPE,
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        env=engines.env(),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 
@@ -127,14 +154,19 @@ def drive_lookups(engines, case: rendered.Rendered, options: RenderOptions, requ
 def the_pod(case: rendered.Rendered) -> dict:
     """The rendered pod template as a Ready pod on 127.0.0.1 (what the operator's target index sees)."""
     template = case.template
-    return {"metadata": {**template["metadata"], "name": "chat-0", "namespace": "ml"}, "spec": template["spec"],
-            "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}
+    return {
+        "metadata": {**template["metadata"], "name": "chat-0", "namespace": "ml"},
+        "spec": template["spec"],
+        "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
 
 
 def test_the_rendered_server_starts_and_serves_its_api_on_the_declared_port(server):
     case, argv, options, _ = server
     ports = {p["name"]: p["containerPort"] for p in case.containers["lmcache"]["ports"]}
-    assert ports == {"lmcache-api": options.lmcache_http_port} == {"lmcache-api": int(rendered.flag(argv, "--http-port"))}
+    assert (
+        ports == {"lmcache-api": options.lmcache_http_port} == {"lmcache-api": int(rendered.flag(argv, "--http-port"))}
+    )
     probe = case.containers["lmcache"]["readinessProbe"]["httpGet"]
     assert probe["port"] == "lmcache-api" and probe["path"] == "/healthcheck"
 
@@ -182,8 +214,9 @@ def test_the_scraper_reads_lookup_counters_and_tier_usage_from_the_real_page(eng
         async with Scraper(timeout=10) as scraper:
             deadline = time.monotonic() + SETTLE_SECONDS
             while True:
-                scrapes = {s.endpoint: s for s in await scraper.scrape_all([target])
-                           if s.endpoint in ("lmcache", "quota")}
+                scrapes = {
+                    s.endpoint: s for s in await scraper.scrape_all([target]) if s.endpoint in ("lmcache", "quota")
+                }
                 assert scrapes["lmcache"].ok and scrapes["quota"].ok, scrapes
                 snapshot = replica_snapshot(lmcache=scrapes["lmcache"].page, quota=scrapes["quota"].data)
                 if snapshot.lmcache_hit or time.monotonic() > deadline:
@@ -226,8 +259,9 @@ def test_the_probe_parses_the_real_lookup_hash_log(engines, server):
     # The rendered sidecar's own options, pointed at the real log.
     words = case.containers["kvtier-probe"]["args"]
     assert rendered.flag(words, "--log-dir") == LOOKUP_LOG_DIR
-    probe = ProbeOptions(**{**probe_command.make_context("probe", list(words)).params,
-                            "log_dir": str(tmp_path / "lookup-hashes")}).build()
+    probe = ProbeOptions(
+        **{**probe_command.make_context("probe", list(words)).params, "log_dir": str(tmp_path / "lookup-hashes")}
+    ).build()
     assert probe.poll() == len(lines)
     assert probe.demand.garbage_lines == 0 and probe.demand.lookups == len(lines) - probe.demand.duplicate_lookups
     snapshot = replica_snapshot(probe=parse_exposition(generate_latest(probe.registry)))
@@ -242,14 +276,27 @@ def test_an_image_without_the_raw_block_extension_is_named_by_the_operator(engin
     options = RenderOptions(lmcache_port=free_port(), lmcache_http_port=free_port())
     spec = rendered.deployment("LMCacheMP", kv_bytes_per_token=RANK_KV_BYTES_PER_TOKEN, cpu="256Mi")
     case = rendered.render("mp-no-extension", spec, rendered.CSI_BLOCK, options=options)
-    done = subprocess.run([str(engines.bin / "lmcache"), "server", *scaled(case.lmcache_argv, tmp_path)],
-                          capture_output=True, text=True, timeout=STARTUP_SECONDS,
-                          env={**engines.env(), "PYTHONPATH": str(hidden)})
+    done = subprocess.run(
+        [str(engines.bin / "lmcache"), "server", *scaled(case.lmcache_argv, tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=STARTUP_SECONDS,
+        env={**engines.env(), "PYTHONPATH": str(hidden)},
+    )
     assert done.returncode != 0
     # What the kubelet keeps of the log with FallbackToLogsOnError: the last 80 lines, at most 2048 bytes.
     message = "\n".join((done.stdout + done.stderr).splitlines()[-80:])[-2048:]
-    pod = {"metadata": {"name": "chat-0"}, "status": {"containerStatuses": [
-        {"name": "lmcache", "ready": False, "lastState": {"terminated": {"exitCode": done.returncode,
-                                                                         "message": message}}}]}}
+    pod = {
+        "metadata": {"name": "chat-0"},
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "lmcache",
+                    "ready": False,
+                    "lastState": {"terminated": {"exitCode": done.returncode, "message": message}},
+                }
+            ]
+        },
+    }
     reason = exit_reason(pod, "lmcache")
     assert reason is not None and "lmcache-rust-raw-block-io" in reason, message

@@ -18,8 +18,11 @@ from kvtier.telemetry import engines as names
 pytestmark = pytest.mark.conformance
 
 #: Everything the scraper looks up, by snapshot field.
-READ = {field: spellings for field, spellings in names.SOURCES.items()
-        if any(s.startswith(("vllm:", "lmcache:", "lmcache_mp_")) for s in spellings)}
+READ = {
+    field: spellings
+    for field, spellings in names.SOURCES.items()
+    if any(s.startswith(("vllm:", "lmcache:", "lmcache_mp_")) for s in spellings)
+}
 #: Older vLLM spellings the scraper still reads for clusters on vLLM < 0.11; 0.33 no longer registers them.
 LEGACY = {"vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries", "vllm:gpu_prefix_cache_hits"}
 #: `meter.create_counter("lmcache_mp.x", ..., unit="tokens")` and `register_gauge(meter, "lmcache_mp.x", ...)`.
@@ -48,9 +51,14 @@ def registered(engines):
 
 
 def test_every_name_the_scraper_reads_is_registered(registered):
-    missing = {field: [s for s in spellings if s.startswith(("vllm:", "lmcache:", "lmcache_mp_")) and s not in LEGACY
-                       and s not in registered]
-               for field, spellings in READ.items()}
+    missing = {
+        field: [
+            s
+            for s in spellings
+            if s.startswith(("vllm:", "lmcache:", "lmcache_mp_")) and s not in LEGACY and s not in registered
+        ]
+        for field, spellings in READ.items()
+    }
     missing = {field: spellings for field, spellings in missing.items() if spellings}
     assert not missing, f"the scraper reads names the installed engines no longer register: {missing}"
 
@@ -62,8 +70,18 @@ def test_the_legacy_spellings_are_really_gone_from_vllm_033(registered):
 
 def test_the_mp_names_carry_their_units(registered):
     """Defect 3 of issue 17: the MP counters are exported with their unit; the unitless spellings do not exist."""
-    for unitless in ("lmcache_mp_lookup_requested", "lmcache_mp_lookup_hit", "lmcache_mp_lookup_hit_l1",
-                     "lmcache_mp_lookup_hit_l2", "lmcache_mp_lookups"):
+    for unitless in (
+        "lmcache_mp_lookup_requested",
+        "lmcache_mp_lookup_hit",
+        "lmcache_mp_lookup_hit_l1",
+        "lmcache_mp_lookup_hit_l2",
+        "lmcache_mp_lookups",
+    ):
         assert unitless not in registered
-    assert {"lmcache_mp_lookup_requested_tokens", "lmcache_mp_lookup_hit_l2_tokens", "lmcache_mp_lookups_requests",
-            "lmcache_mp_l1_memory_usage_bytes", "lmcache_mp_l2_usage_bytes"} <= registered
+    assert {
+        "lmcache_mp_lookup_requested_tokens",
+        "lmcache_mp_lookup_hit_l2_tokens",
+        "lmcache_mp_lookups_requests",
+        "lmcache_mp_l1_memory_usage_bytes",
+        "lmcache_mp_l2_usage_bytes",
+    } <= registered

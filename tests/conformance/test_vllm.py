@@ -14,8 +14,15 @@ from tests.conformance import rendered
 pytestmark = pytest.mark.conformance
 
 #: Owned fields: the `EngineArgs` (or server) destination of each flag kvtier renders itself.
-ALWAYS_OWNED_DESTS = ("port", "host", "model", "served_model_name", "tensor_parallel_size",
-                      "gpu_memory_utilization", "max_model_len")
+ALWAYS_OWNED_DESTS = (
+    "port",
+    "host",
+    "model",
+    "served_model_name",
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "max_model_len",
+)
 KV_OWNED_DESTS = ("kv_transfer_config", "kv_offloading_size", "kv_offloading_backend")
 #: With the rendered positional model, vLLM refuses a second model outright.
 CONFLICT = "vLLM refuses the combination"
@@ -33,8 +40,11 @@ REFUSED = [
     (["--gpu-memory-utilization", "0.5"], "gpu_memory_utilization", 0.5),
     (["--device-memory-utilization", "0.5"], "gpu_memory_utilization", 0.5),
     (["--max-model-len", "4096"], "max_model_len", 4096),
-    (["--kv-transfer-config", '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'], "kv_transfer_config",
-     "LMCacheConnectorV1"),
+    (
+        ["--kv-transfer-config", '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}'],
+        "kv_transfer_config",
+        "LMCacheConnectorV1",
+    ),
     (["--kv-offloading-size", "8"], "kv_offloading_size", 8.0),
     (["--kv-offloading-backend", "lmcache"], "kv_offloading_backend", "lmcache"),
 ]
@@ -56,7 +66,7 @@ def parsed(engines, cases):
     count = len(cases)
     return {
         "cases": dict(zip((case.name for case in cases), answers[:count])),
-        "refused": answers[count:count + len(REFUSED)],
+        "refused": answers[count : count + len(REFUSED)],
         "unknown": answers[-1],
     }
 
@@ -88,7 +98,9 @@ def test_every_rendered_variant_parses_into_the_intended_engine_args(cases, pars
         if spec.kv_cache.mode == "LMCacheMP":
             assert transfer["kv_connector"] == MP_CONNECTOR, case.name
             assert transfer["kv_connector_extra_config"] == {
-                "lmcache.mp.host": "tcp://localhost", "lmcache.mp.port": RenderOptions().lmcache_port}, case.name
+                "lmcache.mp.host": "tcp://localhost",
+                "lmcache.mp.port": RenderOptions().lmcache_port,
+            }, case.name
         else:
             assert transfer["kv_connector"] == IN_PROCESS_CONNECTOR, case.name
 
@@ -128,16 +140,21 @@ def test_refused_user_args_mean_what_kvtier_says(parsed, index):
 
 
 def test_kvtier_refuses_every_spelling_vllm_registers_for_an_owned_field(options):
-    owned = {**{dest: ALWAYS_OWNED_FLAGS for dest in ALWAYS_OWNED_DESTS},
-             **{dest: KV_OWNED_FLAGS for dest in KV_OWNED_DESTS}}
+    owned = {
+        **{dest: ALWAYS_OWNED_FLAGS for dest in ALWAYS_OWNED_DESTS},
+        **{dest: KV_OWNED_FLAGS for dest in KV_OWNED_DESTS},
+    }
     assert set(options["options"]) == set(owned), "a destination kvtier owns is not in vLLM's serve parser"
     for dest, spellings in options["options"].items():
         for spelling in spellings:
             assert re.search(owned[dest], spelling), f"vLLM reads {spelling} into {dest}, kvtier does not refuse it"
 
 
-@pytest.mark.xfail(strict=True, reason="vLLM 0.33's parser accepts unique prefixes (--gpu-memory-util): kvtier's "
-                                       "engine.args check does not refuse them yet (reported in issue 17's note)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="vLLM 0.33's parser accepts unique prefixes (--gpu-memory-util): kvtier's "
+    "engine.args check does not refuse them yet (reported in issue 17's note)",
+)
 def test_kvtier_refuses_abbreviations_vllm_accepts(engines, options):
     spellings = ["--gpu-memory-util", "--tensor-parallel", "--served-model", "--max-model"]
     base = rendered.render("base", rendered.deployment("None")).vllm_argv
@@ -146,4 +163,3 @@ def test_kvtier_refuses_abbreviations_vllm_accepts(engines, options):
     assert options["allow_abbrev"] and accepted, "vLLM no longer accepts abbreviations: drop this xfail"
     not_refused = [s for s in accepted if not re.search(ALWAYS_OWNED_FLAGS, f"{s}=1")]
     assert not not_refused, f"vLLM accepts {not_refused}, which kvtier lets through into owned fields"
-

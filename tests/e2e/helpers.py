@@ -42,8 +42,14 @@ def events(cluster, namespace: str, name: str) -> list[dict[str, Any]]:
 
 def kubectl(cluster, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HOME": os.environ.get("HOME", "/tmp")}
-    result = subprocess.run([str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig), *args], input=stdin,
-                            capture_output=True, text=True, env=env, timeout=60)
+    result = subprocess.run(
+        [str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr}")
     return result
@@ -59,19 +65,43 @@ SIM_CLASS = "sim-fast"
 def ensure_sim_storage_class(cluster) -> None:
     """The StorageClass `csi_pool` names (the embedded cluster's pod simulator provisions for it)."""
     if get(cluster, STORAGECLASSES, None, SIM_CLASS) is None:
-        cluster.run(cluster.kube.create(STORAGECLASSES, {
-            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": SIM_CLASS},
-            "provisioner": "csi.example.com", "reclaimPolicy": "Delete"}))
+        cluster.run(
+            cluster.kube.create(
+                STORAGECLASSES,
+                {
+                    "apiVersion": "storage.k8s.io/v1",
+                    "kind": "StorageClass",
+                    "metadata": {"name": SIM_CLASS},
+                    "provisioner": "csi.example.com",
+                    "reclaimPolicy": "Delete",
+                },
+            )
+        )
 
 
 def csi_pool(name: str, capacity: str) -> dict[str, Any]:
-    return {"apiVersion": "kvtier.io/v1alpha1", "kind": "KVPool", "metadata": {"name": name},
-            "spec": {"capacity": capacity, "storage": {"csi": {"storageClassName": SIM_CLASS}},
-                     "rebalance": {"policy": "Static"}}}
+    return {
+        "apiVersion": "kvtier.io/v1alpha1",
+        "kind": "KVPool",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": capacity,
+            "storage": {"csi": {"storageClassName": SIM_CLASS}},
+            "rebalance": {"policy": "Static"},
+        },
+    }
 
 
-def deployment(namespace: str, name: str, pool: str | None, *, replicas: int = 1, request: str = "1Ti",
-               minimum: str | None = None, tp: int = 1) -> dict[str, Any]:
+def deployment(
+    namespace: str,
+    name: str,
+    pool: str | None,
+    *,
+    replicas: int = 1,
+    request: str = "1Ti",
+    minimum: str | None = None,
+    tp: int = 1,
+) -> dict[str, Any]:
     """A small InferenceDeployment (TP `tp`, 8Gi CPU tier) drawing `request` per replica from `pool`."""
     body = copy.deepcopy(example("inferencedeployment.yaml"))
     body["metadata"] = {"name": name, "namespace": namespace}

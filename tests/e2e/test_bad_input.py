@@ -27,18 +27,23 @@ NAMESPACE = "bad-input"
 #: Documents with several errors: the API server names each; `kvtier validate` must too. (An unknown field
 #: is refused alone: strict field validation answers 400 before the schema is checked.)
 MULTI = [
-    ("kvcache-omitted-with-other-errors",
-     with_(INFD, spec__kvCache=_DELETE, spec__engine__tensorParallelSize=0, spec__engine__gpuMemoryUtilization=1.5),
-     ["spec.engine.tensorParallelSize", "spec.engine.gpuMemoryUtilization"]),
-    ("unknown-field-among-other-errors",
-     with_(INFD, spec__engine__gpus=8, spec__engine__tensorParallelSize=0), ["spec.engine.gpus"]),
+    (
+        "kvcache-omitted-with-other-errors",
+        with_(INFD, spec__kvCache=_DELETE, spec__engine__tensorParallelSize=0, spec__engine__gpuMemoryUtilization=1.5),
+        ["spec.engine.tensorParallelSize", "spec.engine.gpuMemoryUtilization"],
+    ),
+    (
+        "unknown-field-among-other-errors",
+        with_(INFD, spec__engine__gpus=8, spec__engine__tensorParallelSize=0),
+        ["spec.engine.gpus"],
+    ),
 ]
 
 #: Cases where the two disagree today, with why. strict: each flips to a failure once fixed, to be removed here.
 KNOWN: dict[str, str] = {
     "duplicate-uuid": "the CRD's list-map key compares uuids case-sensitively, so the API server accepts two "
-                      "namespaces differing only in case; kvtier validate (rightly) normalises case first. A CEL "
-                      "rule on spec.storage.nvmeof.namespaces (lowerAscii uniqueness) would say it",
+    "namespaces differing only in case; kvtier validate (rightly) normalises case first. A CEL "
+    "rule on spec.storage.nvmeof.namespaces (lowerAscii uniqueness) would say it",
 }
 
 _PATH = re.compile(r"(?:^|[\[\s,*])((?:metadata|spec)(?:\.[A-Za-z0-9_-]+|\[[A-Za-z0-9_.-]+\])*): ")
@@ -53,8 +58,13 @@ def _normal(path: str) -> str:
 def server_paths(cluster, obj) -> tuple[int, list[str], str]:
     """`kubectl apply --dry-run=server` of one object: exit code, the field paths its error names, the error."""
     obj = dict(obj, metadata={**obj["metadata"], **({"namespace": NAMESPACE} if obj["kind"] != "KVPool" else {})})
-    result = subprocess.run([str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig), "apply", "--dry-run=server",
-                             "-f", "-"], input=yaml.safe_dump(obj), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(KUBECTL), "--kubeconfig", str(cluster.kubeconfig), "apply", "--dry-run=server", "-f", "-"],
+        input=yaml.safe_dump(obj),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     paths = {_normal(path) for path in _PATH.findall(result.stderr) + _UNKNOWN.findall(result.stderr)}
     return result.returncode, sorted(paths), result.stderr.strip()
 
@@ -71,19 +81,25 @@ def _names(field: str, paths: list[str]) -> bool:
 @pytest.fixture(scope="module")
 def bad_input_namespace(cluster):
     if cluster.run(cluster.kube.get_or_none(NAMESPACES, None, NAMESPACE)) is None:
-        cluster.run(cluster.kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                                                     "metadata": {"name": NAMESPACE}}))
+        cluster.run(
+            cluster.kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        )
     return NAMESPACE
 
 
 def _params(cases):
-    return [pytest.param(*case, id=case[0], marks=[pytest.mark.xfail(strict=True, reason=KNOWN[case[0]])]
-                         if case[0] in KNOWN else []) for case in cases]
+    return [
+        pytest.param(
+            *case, id=case[0], marks=[pytest.mark.xfail(strict=True, reason=KNOWN[case[0]])] if case[0] in KNOWN else []
+        )
+        for case in cases
+    ]
 
 
 @pytest.mark.parametrize(("case", "obj", "field", "cel"), _params(CASES))
-def test_the_api_server_rejects_each_bad_case_naming_the_field_validate_names(cluster, bad_input_namespace, case,
-                                                                             obj, field, cel):
+def test_the_api_server_rejects_each_bad_case_naming_the_field_validate_names(
+    cluster, bad_input_namespace, case, obj, field, cel
+):
     code, paths, error = server_paths(cluster, obj)
     assert code != 0, f"{case}: the API server accepted it; kvtier validate names {validate_paths(obj)}"
     assert _names(field, paths), f"{case}: kvtier validate names {field}, the API server {paths}: {error}"

@@ -39,25 +39,93 @@ RULES_NOT_CHECKED = "some validation rules were not checked because the object w
 #: Ready=False reasons that only say "not yet" (anything else names a cause).
 TRANSIENT = {"ReplicasNotReady"}
 
-NASTY = [0, -1, 1, 3, 2**31, 2**63, 1e-300, -0.5, 1.5, 1024, 10000, True, None, "", " ", "x" * 300,
-         "-5Gi", "1e99999999999", "0.5", "1Ti", "ünïcode", "a_b", "trail-", "a..b", "a\x00b", "UPPER", "60",
-         "1h", "-1s", [], {}, ["--port=1"], {"extra": 1}, [{"name": "PYTHONHASHSEED", "value": "1"}]]
+NASTY = [
+    0,
+    -1,
+    1,
+    3,
+    2**31,
+    2**63,
+    1e-300,
+    -0.5,
+    1.5,
+    1024,
+    10000,
+    True,
+    None,
+    "",
+    " ",
+    "x" * 300,
+    "-5Gi",
+    "1e99999999999",
+    "0.5",
+    "1Ti",
+    "ünïcode",
+    "a_b",
+    "trail-",
+    "a..b",
+    "a\x00b",
+    "UPPER",
+    "60",
+    "1h",
+    "-1s",
+    [],
+    {},
+    ["--port=1"],
+    {"extra": 1},
+    [{"name": "PYTHONHASHSEED", "value": "1"}],
+]
 DEPLOYMENT_PATHS = [
-    "metadata.name", "spec.replicas", "spec.model.name", "spec.model.servedName", "spec.model.kvBytesPerToken",
-    "spec.model.architecture", "spec.model.architecture.layers", "spec.model.architecture.dtype",
-    "spec.engine.image", "spec.engine.tensorParallelSize", "spec.engine.gpuMemoryUtilization",
-    "spec.engine.maxModelLen", "spec.engine.args", "spec.engine.env", "spec.engine.resources.requests.memory",
-    "spec.engine.resources.requests.cpu", "spec.engine.resources.limits", "spec.engine.nodeSelector",
-    "spec.engine.tolerations", "spec.kvCache", "spec.kvCache.mode", "spec.kvCache.chunkSize",
-    "spec.kvCache.cpu.size", "spec.kvCache.storage", "spec.kvCache.storage.request", "spec.kvCache.storage.min",
-    "spec.kvCache.storage.max", "spec.kvCache.storage.weight", "spec.kvCache.storage.poolRef", "spec.slo.ttftP50",
-    "spec.slo.ttftP99", "spec.typo",
+    "metadata.name",
+    "spec.replicas",
+    "spec.model.name",
+    "spec.model.servedName",
+    "spec.model.kvBytesPerToken",
+    "spec.model.architecture",
+    "spec.model.architecture.layers",
+    "spec.model.architecture.dtype",
+    "spec.engine.image",
+    "spec.engine.tensorParallelSize",
+    "spec.engine.gpuMemoryUtilization",
+    "spec.engine.maxModelLen",
+    "spec.engine.args",
+    "spec.engine.env",
+    "spec.engine.resources.requests.memory",
+    "spec.engine.resources.requests.cpu",
+    "spec.engine.resources.limits",
+    "spec.engine.nodeSelector",
+    "spec.engine.tolerations",
+    "spec.kvCache",
+    "spec.kvCache.mode",
+    "spec.kvCache.chunkSize",
+    "spec.kvCache.cpu.size",
+    "spec.kvCache.storage",
+    "spec.kvCache.storage.request",
+    "spec.kvCache.storage.min",
+    "spec.kvCache.storage.max",
+    "spec.kvCache.storage.weight",
+    "spec.kvCache.storage.poolRef",
+    "spec.slo.ttftP50",
+    "spec.slo.ttftP99",
+    "spec.typo",
 ]
 POOL_PATHS = [
-    "metadata.name", "spec.capacity", "spec.readBandwidth", "spec.storage", "spec.storage.csi.storageClassName",
-    "spec.storage.csi.volumeMode", "spec.storage.hostPath", "spec.rebalance", "spec.rebalance.policy",
-    "spec.rebalance.interval", "spec.rebalance.cooldown", "spec.rebalance.minGain", "spec.rebalance.maxStep",
-    "spec.rebalance.dryRun", "spec.volumeReclaim", "spec.typo",
+    "metadata.name",
+    "spec.capacity",
+    "spec.readBandwidth",
+    "spec.storage",
+    "spec.storage.csi.storageClassName",
+    "spec.storage.csi.volumeMode",
+    "spec.storage.hostPath",
+    "spec.rebalance",
+    "spec.rebalance.policy",
+    "spec.rebalance.interval",
+    "spec.rebalance.cooldown",
+    "spec.rebalance.minGain",
+    "spec.rebalance.maxStep",
+    "spec.rebalance.dryRun",
+    "spec.volumeReclaim",
+    "spec.typo",
 ]
 MODES = ["LMCacheMP", "LMCacheInProcess", "None"]
 #: Values the schema accepts that the operator must then explain (or serve): half of the changes use these.
@@ -136,11 +204,14 @@ def corpus(pool: str) -> list[dict[str, Any]]:
     objects = []
     for index in range(MUTATIONS):
         deployment = rng.random() < 0.7
-        body = mutate(rng, base_deployment(pool) if deployment else base_pool(),
-                      DEPLOYMENT_PATHS if deployment else POOL_PATHS)
+        body = mutate(
+            rng, base_deployment(pool) if deployment else base_pool(), DEPLOYMENT_PATHS if deployment else POOL_PATHS
+        )
         metadata = body.setdefault("metadata", {}) if isinstance(body.get("metadata"), dict) else {}
-        if metadata.get("name") == base_deployment(pool)["metadata"]["name"] or \
-                metadata.get("name") == base_pool()["metadata"]["name"]:
+        if (
+            metadata.get("name") == base_deployment(pool)["metadata"]["name"]
+            or metadata.get("name") == base_pool()["metadata"]["name"]
+        ):
             metadata["name"] = f"fz-{index:03d}"  # unique unless the mutation chose a name
         if deployment:
             metadata["namespace"] = "default"
@@ -160,11 +231,16 @@ def same_fields(server: list[str], local: list[str], *, exact: bool) -> bool:
     server, local = [p for p in server if p != "<nil>"], [p for p in local if p != "<nil>"]
 
     def covered(path: str, others: list[str]) -> bool:
-        return any(path == other or path.startswith((other + ".", other + "[")) or
-                   other.startswith((path + ".", path + "[")) for other in others)
+        return any(
+            path == other or path.startswith((other + ".", other + "[")) or other.startswith((path + ".", path + "["))
+            for other in others
+        )
 
-    return bool(server) == bool(local) and all(covered(p, local) for p in server) and \
-        all(covered(p, server) for p in local)
+    return (
+        bool(server) == bool(local)
+        and all(covered(p, local) for p in server)
+        and all(covered(p, server) for p in local)
+    )
 
 
 def _path(problem: str) -> str:
@@ -236,9 +312,12 @@ class LedgerWatch(threading.Thread):
 
 def leftovers(cluster) -> list[str]:
     """The fuzz's deployments still there, with what holds them."""
-    return [f"{d['metadata']['name']}: finalizers {d['metadata'].get('finalizers')}, "
-            f"Ready {condition(d, 'Ready').get('reason')}: {condition(d, 'Ready').get('message')}"
-            for d in items(cluster, INFERENCEDEPLOYMENTS, "default") if d["metadata"]["name"].startswith("fz-")]
+    return [
+        f"{d['metadata']['name']}: finalizers {d['metadata'].get('finalizers')}, "
+        f"Ready {condition(d, 'Ready').get('reason')}: {condition(d, 'Ready').get('message')}"
+        for d in items(cluster, INFERENCEDEPLOYMENTS, "default")
+        if d["metadata"]["name"].startswith("fz-")
+    ]
 
 
 def settled(obj: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -256,8 +335,13 @@ def settled(obj: dict[str, Any] | None) -> dict[str, Any] | None:
 def test_seeded_mutations_are_refused_with_paths_or_explained(cluster):
     ensure_sim_storage_class(cluster)
     pool = "fuzz-pool"
-    create_pool(cluster, {**csi_pool(pool, "100Gi"), "spec": {**csi_pool(pool, "100Gi")["spec"],
-                                                               "rebalance": {"policy": "MarginalGain"}}})
+    create_pool(
+        cluster,
+        {
+            **csi_pool(pool, "100Gi"),
+            "spec": {**csi_pool(pool, "100Gi")["spec"], "rebalance": {"policy": "MarginalGain"}},
+        },
+    )
     tracebacks = Tracebacks()
     logging.getLogger().addHandler(tracebacks)
     watch = LedgerWatch(cluster)
@@ -270,7 +354,7 @@ def test_seeded_mutations_are_refused_with_paths_or_explained(cluster):
         objects = corpus(pool)
         for start in range(0, len(objects), BATCH):
             accepted: list[dict[str, Any]] = []
-            for body in objects[start:start + BATCH]:
+            for body in objects[start : start + BATCH]:
                 server, created = server_verdict(cluster, body)
                 local = validate_verdict(body)
                 label = f"{body.get('kind')}/{body.get('metadata', {}).get('name')!r}"
@@ -286,10 +370,16 @@ def test_seeded_mutations_are_refused_with_paths_or_explained(cluster):
                 namespace = created["metadata"].get("namespace")
                 name = created["metadata"]["name"]
                 try:
-                    ready = wait_for(lambda: settled(get(cluster, resource, namespace, name)), timeout=SETTLE_SECONDS,
-                                     interval=0.25, message=f"{created['kind']} {name} to explain itself")
+                    ready = wait_for(
+                        lambda: settled(get(cluster, resource, namespace, name)),
+                        timeout=SETTLE_SECONDS,
+                        interval=0.25,
+                        message=f"{created['kind']} {name} to explain itself",
+                    )
                 except pytest.fail.Exception:
-                    unexplained.append(f"{created['kind']}/{name}: {condition(get(cluster, resource, namespace, name), 'Ready')}")
+                    unexplained.append(
+                        f"{created['kind']}/{name}: {condition(get(cluster, resource, namespace, name), 'Ready')}"
+                    )
                     continue
                 counts["accepted clean" if ready["status"] == "True" else "accepted with a condition"] += 1
                 counts[f"  {ready['reason']}"] += 1
@@ -307,10 +397,16 @@ def test_seeded_mutations_are_refused_with_paths_or_explained(cluster):
         logging.getLogger().removeHandler(tracebacks)
         kubectl(cluster, "delete", "kvp", pool, "--ignore-not-found", "--wait=false")
     elapsed = time.monotonic() - started
-    print(f"\nfuzz: seed {SEED}, {MUTATIONS} mutations in {elapsed:.0f}s: " +
-          ", ".join(f"{key.strip()} {value}" for key, value in sorted(counts.items(), key=lambda kv: kv[0].startswith(" "))))
-    print(f"fuzz: ledger samples {watch.samples}, over-commits {len(watch.violations)}, "
-          f"operator tracebacks {len(tracebacks.records)}, validate disagreements {len(disagreements)}")
+    print(
+        f"\nfuzz: seed {SEED}, {MUTATIONS} mutations in {elapsed:.0f}s: "
+        + ", ".join(
+            f"{key.strip()} {value}" for key, value in sorted(counts.items(), key=lambda kv: kv[0].startswith(" "))
+        )
+    )
+    print(
+        f"fuzz: ledger samples {watch.samples}, over-commits {len(watch.violations)}, "
+        f"operator tracebacks {len(tracebacks.records)}, validate disagreements {len(disagreements)}"
+    )
     assert not disagreements, "\n".join(disagreements[:20])
     assert not unexplained, "\n".join(unexplained[:20])
     assert not watch.violations, watch.violations[:5]

@@ -54,8 +54,14 @@ def examples(cluster):
 
 def test_examples_yield_ready_pods_on_their_array_volumes(cluster, examples):
     wait_for(lambda: len(ready_pods(cluster, "default", SELECTOR)) == 2, timeout=60, message="2 ready replicas")
-    infd = wait_for(lambda: (d := get(cluster, INFERENCEDEPLOYMENTS, "default", "coder-480b"))
-                    and condition(d, "Ready").get("status") == "True" and d, message="Ready=True")
+    infd = wait_for(
+        lambda: (
+            (d := get(cluster, INFERENCEDEPLOYMENTS, "default", "coder-480b"))
+            and condition(d, "Ready").get("status") == "True"
+            and d
+        ),
+        message="Ready=True",
+    )
     assert condition(infd, "StorageBound")["status"] == "True"
     assert infd["status"]["observedGeneration"] == infd["metadata"]["generation"]
     assert infd["status"]["kv"]["storage"]["quota"] == "4Ti"
@@ -76,12 +82,18 @@ def test_examples_yield_ready_pods_on_their_array_volumes(cluster, examples):
 
 
 def test_a_normal_start_says_so_in_words_without_a_warning(cluster, examples):
-    wait_for(lambda: condition(get(cluster, INFERENCEDEPLOYMENTS, "default", "coder-480b"), "Ready").get("status")
-             == "True", timeout=60, message="Ready=True")
+    wait_for(
+        lambda: condition(get(cluster, INFERENCEDEPLOYMENTS, "default", "coder-480b"), "Ready").get("status") == "True",
+        timeout=60,
+        message="Ready=True",
+    )
     # kvtier's own Events (on the real ground the endpoints controller also warns that the simulated pods'
     # loopback addresses cannot back a Service: that is the test ground's, not the operator's).
-    posted = [e for e in events(cluster, "default", "coder-480b") + events(cluster, "default", "fx100-a")
-              if e["involvedObject"]["kind"] in ("InferenceDeployment", "KVPool")]
+    posted = [
+        e
+        for e in events(cluster, "default", "coder-480b") + events(cluster, "default", "fx100-a")
+        if e["involvedObject"]["kind"] in ("InferenceDeployment", "KVPool")
+    ]
     assert [(e["reason"], e["message"]) for e in posted if e["type"] == "Warning"] == []
     messages = {e["reason"]: e["message"] for e in posted}
     assert messages["AllReplicasReady"] == "InferenceDeployment default/coder-480b: 2/2 replicas ready"
@@ -93,9 +105,20 @@ def test_editing_the_spec_rolls_the_pods(cluster, examples):
     wait_for(lambda: len(ready_pods(cluster, "default", SELECTOR)) == 2, timeout=60)
     before = {p["metadata"]["uid"] for p in items(cluster, PODS, "default", SELECTOR)}
     old_hash = get(cluster, STATEFULSETS, "default", "coder-480b")["spec"]["template"]["metadata"]["annotations"][
-        CONFIG_HASH_ANNOTATION]
-    kubectl(cluster, "patch", "infd", "coder-480b", "-n", "default", "--type", "merge",
-            "-p", json.dumps({"spec": {"engine": {"args": ["--enable-expert-parallel", "--max-num-seqs", "16"]}}}))
+        CONFIG_HASH_ANNOTATION
+    ]
+    kubectl(
+        cluster,
+        "patch",
+        "infd",
+        "coder-480b",
+        "-n",
+        "default",
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"spec": {"engine": {"args": ["--enable-expert-parallel", "--max-num-seqs", "16"]}}}),
+    )
 
     def rolled():
         pods = ready_pods(cluster, "default", SELECTOR)
@@ -112,8 +135,14 @@ def test_a_deleted_child_comes_back(cluster, examples):
     original = get(cluster, SERVICES, "default", "coder-480b")
     assert original is not None
     kubectl(cluster, "delete", "service", "coder-480b", "-n", "default")
-    restored = wait_for(lambda: (s := get(cluster, SERVICES, "default", "coder-480b"))
-                        and s["metadata"]["uid"] != original["metadata"]["uid"] and s, message="the Service back")
+    restored = wait_for(
+        lambda: (
+            (s := get(cluster, SERVICES, "default", "coder-480b"))
+            and s["metadata"]["uid"] != original["metadata"]["uid"]
+            and s
+        ),
+        message="the Service back",
+    )
     assert restored["spec"]["ports"] == original["spec"]["ports"]
     assert restored["metadata"]["ownerReferences"][0]["kind"] == "InferenceDeployment"
 
@@ -138,9 +167,15 @@ def test_deleting_the_deployment_removes_everything_and_frees_the_pool(cluster, 
     kubectl(cluster, "delete", "infd", "small", "-n", namespace)
     wait_for(lambda: get(cluster, INFERENCEDEPLOYMENTS, namespace, "small") is None, message="the deployment gone")
     selector = "kvtier.io/deployment=small"
-    wait_for(lambda: not items(cluster, PODS, namespace, selector) and not items(cluster, STATEFULSETS, namespace)
-             and not items(cluster, SERVICES, namespace, selector)
-             and not items(cluster, PERSISTENT_VOLUME_CLAIMS, namespace, selector), message="children gone")
+    wait_for(
+        lambda: (
+            not items(cluster, PODS, namespace, selector)
+            and not items(cluster, STATEFULSETS, namespace)
+            and not items(cluster, SERVICES, namespace, selector)
+            and not items(cluster, PERSISTENT_VOLUME_CLAIMS, namespace, selector)
+        ),
+        message="children gone",
+    )
     status = get(cluster, KVPOOLS, None, pool)["status"]
     assert (status["allocated"], status["allocations"]) == ("0", [])
     kubectl(cluster, "delete", "kvp", pool)
@@ -148,8 +183,14 @@ def test_deleting_the_deployment_removes_everything_and_frees_the_pool(cluster, 
 
 def test_a_spec_that_fits_no_node_says_so_and_creates_no_pods(cluster, namespace):
     create_deployment(cluster, deployment(namespace, "too-wide", None, tp=16))
-    infd = wait_for(lambda: (d := get(cluster, INFERENCEDEPLOYMENTS, namespace, "too-wide"))
-                    and condition(d, "Ready").get("reason") == "DoesNotFit" and d, message="DoesNotFit")
+    infd = wait_for(
+        lambda: (
+            (d := get(cluster, INFERENCEDEPLOYMENTS, namespace, "too-wide"))
+            and condition(d, "Ready").get("reason") == "DoesNotFit"
+            and d
+        ),
+        message="DoesNotFit",
+    )
     assert "GPU" in condition(infd, "Ready")["message"]
     assert condition(infd, "Degraded")["status"] == "True"
     assert get(cluster, STATEFULSETS, namespace, "too-wide") is None
@@ -160,19 +201,32 @@ def test_a_horizontal_pod_autoscaler_targets_the_scale_subresource(cluster, exam
     """What an HPA controller needs: an autoscaling/v2 HPA naming the kind is accepted, and the scale
     subresource's selector picks exactly the deployment's replicas. (The embedded cluster runs no HPA
     controller, and `kubectl autoscale` posts protobuf, which it does not speak: the HPA is applied.)"""
-    hpa = {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-           "metadata": {"name": "coder-480b", "namespace": "default"},
-           "spec": {"scaleTargetRef": {"apiVersion": "kvtier.io/v1alpha1", "kind": "InferenceDeployment",
-                                       "name": "coder-480b"},
-                    "minReplicas": 1, "maxReplicas": 3,
-                    "metrics": [{"type": "Resource", "resource": {
-                        "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}}
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "coder-480b", "namespace": "default"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "kvtier.io/v1alpha1", "kind": "InferenceDeployment", "name": "coder-480b"},
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}},
+                }
+            ],
+        },
+    }
     kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(hpa))
     try:
         path = "/apis/kvtier.io/v1alpha1/namespaces/default/inferencedeployments/coder-480b/scale"
-        scale = wait_for(lambda: (s := json.loads(kubectl(cluster, "get", "--raw", path).stdout))["status"].get("replicas")
-                         and s, message="the scale subresource to report replicas")
+        scale = wait_for(
+            lambda: (s := json.loads(kubectl(cluster, "get", "--raw", path).stdout))["status"].get("replicas") and s,
+            message="the scale subresource to report replicas",
+        )
         pods = items(cluster, PODS, "default", scale["status"]["selector"])
-        assert sorted(p["metadata"]["name"] for p in pods) == [f"coder-480b-{i}" for i in range(scale["status"]["replicas"])]
+        assert sorted(p["metadata"]["name"] for p in pods) == [
+            f"coder-480b-{i}" for i in range(scale["status"]["replicas"])
+        ]
     finally:
         kubectl(cluster, "delete", "hpa", "coder-480b", "-n", "default", "--ignore-not-found")

@@ -34,16 +34,27 @@ def control_plane(request):
 
 def run(*args: str, plane, check: bool = True) -> subprocess.CompletedProcess[str]:
     tool = HELM if args[0] == "helm" else KUBECTL
-    result = subprocess.run([str(tool), *args[1:], "--kubeconfig", str(plane.kubeconfig)], capture_output=True,
-                            text=True, timeout=180, env={"HOME": tempfile.gettempdir(), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [str(tool), *args[1:], "--kubeconfig", str(plane.kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={"HOME": tempfile.gettempdir(), "PATH": "/usr/bin:/bin"},
+    )
     if check:
         assert result.returncode == 0, f"{' '.join(args)}:\n{result.stdout}\n{result.stderr}"
     return result
 
 
 def established(plane) -> None:
-    run("kubectl", "wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{name}" for name in CRDS),
-        plane=plane)
+    run(
+        "kubectl",
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        *(f"crd/{name}" for name in CRDS),
+        plane=plane,
+    )
     for name in CRDS:
         crd = yaml.safe_load(run("kubectl", "get", f"crd/{name}", "-o", "yaml", plane=plane).stdout)
         conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
@@ -53,14 +64,31 @@ def established(plane) -> None:
 
 
 def test_helm_install_is_accepted_and_its_crds_established(control_plane):
-    result = run("helm", "install", "kvtier-operator", str(CHART), "--namespace", NAMESPACE, "--create-namespace",
-                 plane=control_plane)
+    result = run(
+        "helm",
+        "install",
+        "kvtier-operator",
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        plane=control_plane,
+    )
     assert "STATUS: deployed" in result.stdout, result.stdout
     established(control_plane)
-    role = yaml.safe_load(run("kubectl", "get", "clusterrole/kvtier-operator", "-o", "yaml", plane=control_plane).stdout)
+    role = yaml.safe_load(
+        run("kubectl", "get", "clusterrole/kvtier-operator", "-o", "yaml", plane=control_plane).stdout
+    )
     assert role["rules"], role
-    run("kubectl", "auth", "can-i", "patch", "inferencedeployments.kvtier.io/status",
-        f"--as=system:serviceaccount:{NAMESPACE}:kvtier-operator", plane=control_plane)
+    run(
+        "kubectl",
+        "auth",
+        "can-i",
+        "patch",
+        "inferencedeployments.kvtier.io/status",
+        f"--as=system:serviceaccount:{NAMESPACE}:kvtier-operator",
+        plane=control_plane,
+    )
     run("helm", "uninstall", "kvtier-operator", "--namespace", NAMESPACE, "--wait", plane=control_plane)
     # helm leaves CRDs behind by design; remove them so the manifest below installs its own.
     run("kubectl", "delete", *(f"crd/{name}" for name in CRDS), "--wait=true", plane=control_plane)
@@ -71,6 +99,14 @@ def test_kubectl_apply_of_the_install_manifest_is_accepted(control_plane):
     objects = [doc for doc in yaml.safe_load_all(INSTALL.read_text()) if doc]
     assert len(result.stdout.splitlines()) == len(objects), result.stdout
     established(control_plane)
-    denied = run("kubectl", "auth", "can-i", "delete", "nodes",
-                 f"--as=system:serviceaccount:{NAMESPACE}:kvtier-operator", plane=control_plane, check=False)
+    denied = run(
+        "kubectl",
+        "auth",
+        "can-i",
+        "delete",
+        "nodes",
+        f"--as=system:serviceaccount:{NAMESPACE}:kvtier-operator",
+        plane=control_plane,
+        check=False,
+    )
     assert denied.stdout.strip() == "no", denied.stdout

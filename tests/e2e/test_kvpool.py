@@ -52,8 +52,10 @@ def ledger_is_consistent(cluster, pool_name):
     assert total <= capacity, f"over-committed: {total} > {capacity}"
     assert parse_quantity(status["allocated"]) == total
     # The pool's own controller writes its conditions (it may still be retrying injected errors).
-    wait_for(lambda: condition(get(cluster, KVPOOLS, None, pool_name), "OverCommitted").get("status") == "False",
-             message="the pool's OverCommitted condition to be False")
+    wait_for(
+        lambda: condition(get(cluster, KVPOOLS, None, pool_name), "OverCommitted").get("status") == "False",
+        message="the pool's OverCommitted condition to be False",
+    )
     return status
 
 
@@ -74,7 +76,10 @@ def test_insufficient_capacity_then_admission_in_order(cluster, namespace, pool)
     wait_for(lambda: storage_bound(cluster, namespace, "second").get("reason") == "InsufficientCapacity")
     create_deployment(cluster, deployment(namespace, "third", pool, request="1Ti"))
     wait_for(lambda: storage_bound(cluster, namespace, "third").get("reason") == "Queued", message="third queued")
-    assert get(cluster, STATEFULSETS, namespace, "second") is None and get(cluster, STATEFULSETS, namespace, "third") is None
+    assert (
+        get(cluster, STATEFULSETS, namespace, "second") is None
+        and get(cluster, STATEFULSETS, namespace, "third") is None
+    )
     waiting = [w["name"] for w in get(cluster, KVPOOLS, None, pool)["status"]["waiting"]]
     assert waiting == ["second", "third"]
     kubectl(cluster, "delete", "infd", "first", "-n", namespace)
@@ -88,20 +93,32 @@ def test_racing_creations_with_injected_conflicts_never_over_commit(cluster, nam
     if not cluster.embedded:
         pytest.skip("needs the embedded cluster's fault injector")
     create_pool(cluster, csi_pool(pool, "10Ti"))
-    faults = [cluster.server.faults.add(verb="update", resource="kvpools", subresource="status", status=409, times=15),
-              cluster.server.faults.add(verb="update", resource="kvpools", subresource="status", status=500, times=5)]
+    faults = [
+        cluster.server.faults.add(verb="update", resource="kvpools", subresource="status", status=409, times=15),
+        cluster.server.faults.add(verb="update", resource="kvpools", subresource="status", status=500, times=5),
+    ]
     names = [f"d{i:02d}" for i in range(24)]
     with concurrent.futures.ThreadPoolExecutor(8) as pool_of_threads:
-        list(pool_of_threads.map(lambda n: create_deployment(cluster, deployment(namespace, n, pool, request="1Ti")),
-                                 names))
+        list(
+            pool_of_threads.map(
+                lambda n: create_deployment(cluster, deployment(namespace, n, pool, request="1Ti")), names
+            )
+        )
     try:
-        wait_for(lambda: all(storage_bound(cluster, namespace, n).get("status") for n in names), timeout=90,
-                 interval=0.5, message="every deployment to get a StorageBound condition")
+        wait_for(
+            lambda: all(storage_bound(cluster, namespace, n).get("status") for n in names),
+            timeout=90,
+            interval=0.5,
+            message="every deployment to get a StorageBound condition",
+        )
         status = ledger_is_consistent(cluster, pool)
         bound = sorted(n for n in names if storage_bound(cluster, namespace, n)["status"] == "True")
         assert len(bound) == 10 and bound == sorted(a["name"] for a in status["allocations"])
-        assert all(storage_bound(cluster, namespace, n)["reason"] in ("InsufficientCapacity", "Queued")
-                   for n in names if n not in bound)
+        assert all(
+            storage_bound(cluster, namespace, n)["reason"] in ("InsufficientCapacity", "Queued")
+            for n in names
+            if n not in bound
+        )
         assert all(rule.hits > 0 for rule in faults), "the injected errors were never hit"
     finally:
         for rule in faults:
@@ -115,8 +132,11 @@ def test_operator_killed_mid_allocation_leaves_a_consistent_ledger(cluster, name
     names = [f"r{i:02d}" for i in range(12)]
     # The embedded server slows the pool's status writes so the kill lands among them; a real one is killed
     # the moment the first allocation lands, with the other creations still in flight.
-    slow = cluster.server.faults.add(verb="update", resource="kvpools", subresource="status", delay=0.3,
-                                     times=None) if cluster.embedded else None
+    slow = (
+        cluster.server.faults.add(verb="update", resource="kvpools", subresource="status", delay=0.3, times=None)
+        if cluster.embedded
+        else None
+    )
     try:
         for name in names:
             create_deployment(cluster, deployment(namespace, name, pool, request="1Ti"))
@@ -127,8 +147,12 @@ def test_operator_killed_mid_allocation_leaves_a_consistent_ledger(cluster, name
         if slow is not None:
             cluster.server.faults.remove(slow)
         cluster.run(cluster.cluster.start_operator())
-    wait_for(lambda: all(storage_bound(cluster, namespace, n).get("status") for n in names), timeout=90,
-             interval=0.5, message="every deployment decided after the restart")
+    wait_for(
+        lambda: all(storage_bound(cluster, namespace, n).get("status") for n in names),
+        timeout=90,
+        interval=0.5,
+        message="every deployment decided after the restart",
+    )
     status = ledger_is_consistent(cluster, pool)
     bound = sorted(n for n in names if storage_bound(cluster, namespace, n)["status"] == "True")
     assert bound == sorted(a["name"] for a in status["allocations"]) and len(bound) == 6
@@ -140,13 +164,31 @@ def test_a_deployment_moved_to_another_pool_is_released_from_the_first(cluster, 
     create_pool(cluster, csi_pool(other, "2Ti"))
     try:
         create_deployment(cluster, deployment(namespace, "mover", pool))
-        wait_for(lambda: storage_bound(cluster, namespace, "mover").get("status") == "True", message="bound to the first")
-        kubectl(cluster, "patch", "infd", "mover", "-n", namespace, "--type=merge",
-                "-p", '{"spec": {"kvCache": {"storage": {"poolRef": "%s"}}}}' % other)
-        wait_for(lambda: [a["name"] for a in get(cluster, KVPOOLS, None, other)["status"].get("allocations", [])]
-                 == ["mover"], message="an entry in the second pool")
-        wait_for(lambda: not get(cluster, KVPOOLS, None, pool)["status"].get("allocations"), timeout=30,
-                 message="the first pool to release the moved deployment's entry")
+        wait_for(
+            lambda: storage_bound(cluster, namespace, "mover").get("status") == "True", message="bound to the first"
+        )
+        kubectl(
+            cluster,
+            "patch",
+            "infd",
+            "mover",
+            "-n",
+            namespace,
+            "--type=merge",
+            "-p",
+            '{"spec": {"kvCache": {"storage": {"poolRef": "%s"}}}}' % other,
+        )
+        wait_for(
+            lambda: (
+                [a["name"] for a in get(cluster, KVPOOLS, None, other)["status"].get("allocations", [])] == ["mover"]
+            ),
+            message="an entry in the second pool",
+        )
+        wait_for(
+            lambda: not get(cluster, KVPOOLS, None, pool)["status"].get("allocations"),
+            timeout=30,
+            message="the first pool to release the moved deployment's entry",
+        )
         assert get(cluster, KVPOOLS, None, pool)["status"]["available"] == "2Ti"
     finally:
         kubectl(cluster, "delete", "infd", "mover", "-n", namespace, "--wait=false")
@@ -159,8 +201,10 @@ def test_pool_deletion_waits_for_its_deployments(cluster, namespace, pool):
     create_deployment(cluster, deployment(namespace, "user", pool))
     wait_for(lambda: storage_bound(cluster, namespace, "user").get("status") == "True")
     kubectl(cluster, "delete", "kvp", pool, "--wait=false")
-    held = wait_for(lambda: (p := get(cluster, KVPOOLS, None, pool)) and condition(p, "Ready").get("reason") == "Terminating"
-                    and p, message="the pool held by its finalizer")
+    held = wait_for(
+        lambda: (p := get(cluster, KVPOOLS, None, pool)) and condition(p, "Ready").get("reason") == "Terminating" and p,
+        message="the pool held by its finalizer",
+    )
     assert held["metadata"]["deletionTimestamp"] and f"{namespace}/user" in condition(held, "Ready")["message"]
     kubectl(cluster, "delete", "infd", "user", "-n", namespace)
     wait_for(lambda: get(cluster, KVPOOLS, None, pool) is None, timeout=30, message="the pool to go")
@@ -170,12 +214,16 @@ def test_a_deployment_that_never_fits_is_refused_and_does_not_block_the_queue(cl
     """Issue #23 problem 1: `hol-a` (11 x 10Gi on 100Gi) waited forever and `hol-b` queued behind it."""
     create_pool(cluster, csi_pool(pool, "100Gi"))
     create_deployment(cluster, deployment(namespace, "hol-a", pool, replicas=11, request="10Gi"))
-    refused = wait_for(lambda: (c := storage_bound(cluster, namespace, "hol-a")).get("reason") == "NeverFits" and c,
-                       message="hol-a refused with NeverFits")
+    refused = wait_for(
+        lambda: (c := storage_bound(cluster, namespace, "hol-a")).get("reason") == "NeverFits" and c,
+        message="hol-a refused with NeverFits",
+    )
     assert refused["status"] == "False" and "110Gi" in refused["message"] and "100Gi" in refused["message"]
     assert condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "hol-a"), "Degraded")["reason"] == "NeverFits"
-    wait_for(lambda: any(e["reason"] == "NeverFits" and e["type"] == "Warning" for e in events(cluster, namespace, "hol-a")),
-             message="a NeverFits Warning Event")
+    wait_for(
+        lambda: any(e["reason"] == "NeverFits" and e["type"] == "Warning" for e in events(cluster, namespace, "hol-a")),
+        message="a NeverFits Warning Event",
+    )
     create_deployment(cluster, deployment(namespace, "hol-b", pool, request="10Gi"))
     wait_for(lambda: storage_bound(cluster, namespace, "hol-b").get("status") == "True", message="hol-b admitted")
     status = ledger_is_consistent(cluster, pool)
@@ -188,16 +236,21 @@ def test_a_corrupted_ledger_entry_is_repaired_and_explained(cluster, namespace, 
     create_pool(cluster, csi_pool(pool, "4Ti"))
     create_deployment(cluster, deployment(namespace, "victim", pool, request="2Ti", minimum="1Ti"))
     create_deployment(cluster, deployment(namespace, "other", pool, request="2Ti", minimum="1Ti"))
-    wait_for(lambda: all(storage_bound(cluster, namespace, n).get("status") == "True" for n in ("victim", "other")),
-             message="both bound")
+    wait_for(
+        lambda: all(storage_bound(cluster, namespace, n).get("status") == "True" for n in ("victim", "other")),
+        message="both bound",
+    )
     # The corruption: the victim's entry at 0, and a ghost (no such deployment) holding what that freed.
     body = get(cluster, KVPOOLS, None, pool)
-    body["status"]["allocations"] = [{**a, "quota": "0"} if a["name"] == "victim" else a
-                                     for a in body["status"]["allocations"]] + [
-        {"namespace": namespace, "name": "ghost", "uid": "ghost-uid", "replicas": 1, "quota": "2Ti"}]
+    body["status"]["allocations"] = [
+        {**a, "quota": "0"} if a["name"] == "victim" else a for a in body["status"]["allocations"]
+    ] + [{"namespace": namespace, "name": "ghost", "uid": "ghost-uid", "replicas": 1, "quota": "2Ti"}]
     cluster.run(cluster.kube.replace(KVPOOLS, body, subresource="status"))
-    repaired = wait_for(lambda: [e for e in events(cluster, "default", pool) if e["reason"] == "LedgerRepaired"],
-                        timeout=30, message="a LedgerRepaired Event on the pool")
+    repaired = wait_for(
+        lambda: [e for e in events(cluster, "default", pool) if e["reason"] == "LedgerRepaired"],
+        timeout=30,
+        message="a LedgerRepaired Event on the pool",
+    )
     message = " ".join(e["message"] for e in repaired)
     assert f"released {namespace}/ghost" in message and f"{namespace}/victim: quota 0 -> 1Ti (below min)" in message
     status = ledger_is_consistent(cluster, pool)
@@ -226,16 +279,32 @@ def test_pool_deletion_proceeds_without_the_operator_namespace(cluster, namespac
     if had_namespace:
         kubectl(cluster, "delete", "namespace", OPERATOR_NAMESPACE, "--timeout=30s")
     try:
-        create_pool(cluster, {"apiVersion": "kvtier.io/v1alpha1", "kind": "KVPool", "metadata": {"name": pool},
-                              "spec": {"capacity": "100Gi", "storage": {"hostPath": {"path": "/var/lib/kvtier"}},
-                                       "rebalance": {"policy": "Static"}}})
+        create_pool(
+            cluster,
+            {
+                "apiVersion": "kvtier.io/v1alpha1",
+                "kind": "KVPool",
+                "metadata": {"name": pool},
+                "spec": {
+                    "capacity": "100Gi",
+                    "storage": {"hostPath": {"path": "/var/lib/kvtier"}},
+                    "rebalance": {"policy": "Static"},
+                },
+            },
+        )
         create_deployment(cluster, deployment(namespace, "user", pool, request="10Gi"))
         wait_for(lambda: storage_bound(cluster, namespace, "user").get("status") == "True", message="bound")
         wait_for(lambda: items(cluster, PERSISTENT_VOLUMES, None, f"kvtier.io/pool={pool}"), message="its volume")
         kubectl(cluster, "delete", "infd", "user", "-n", namespace)
-        degraded = wait_for(lambda: (c := condition(get(cluster, KVPOOLS, None, pool), "Degraded"))
-                            .get("reason") == "OperatorNamespaceMissing" and c, timeout=30,
-                            message="the pool to say why its released volume is not wiped")
+        degraded = wait_for(
+            lambda: (
+                (c := condition(get(cluster, KVPOOLS, None, pool), "Degraded")).get("reason")
+                == "OperatorNamespaceMissing"
+                and c
+            ),
+            timeout=30,
+            message="the pool to say why its released volume is not wiped",
+        )
         assert OPERATOR_NAMESPACE in degraded["message"] and "volumeReclaim: Retain" in degraded["message"]
         kubectl(cluster, "delete", "kvp", pool, "--wait=false")
         wait_for(lambda: get(cluster, KVPOOLS, None, pool) is None, timeout=30, message="the pool to go")
@@ -253,11 +322,20 @@ def test_a_scale_up_the_pool_cannot_hold_is_explained_by_ready(cluster, namespac
     create_pool(cluster, csi_pool(pool, "2Ti"))
     create_deployment(cluster, deployment(namespace, "grower", pool, request="1Ti"))
     create_deployment(cluster, deployment(namespace, "neighbour", pool, request="1Ti"))
-    wait_for(lambda: all(storage_bound(cluster, namespace, n).get("status") == "True" for n in ("grower", "neighbour")),
-             message="both bound")
+    wait_for(
+        lambda: all(storage_bound(cluster, namespace, n).get("status") == "True" for n in ("grower", "neighbour")),
+        message="both bound",
+    )
     kubectl(cluster, "scale", "infd", "grower", "-n", namespace, "--replicas=2")
-    ready = wait_for(lambda: (c := condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "grower"), "Ready"))
-                     .get("reason") == "InsufficientCapacity" and c, timeout=30, message="Ready to say why")
+    ready = wait_for(
+        lambda: (
+            (c := condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "grower"), "Ready")).get("reason")
+            == "InsufficientCapacity"
+            and c
+        ),
+        timeout=30,
+        message="Ready to say why",
+    )
     assert ready["status"] == "False" and ready["message"].startswith(f"1/2 replicas admitted to KVPool {pool}")
     assert storage_bound(cluster, namespace, "grower")["reason"] == "InsufficientCapacity"
     kubectl(cluster, "scale", "infd", "grower", "-n", namespace, "--replicas=3")

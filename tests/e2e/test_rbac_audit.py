@@ -23,8 +23,11 @@ E2E = Path(__file__).parent
 
 def operator_requests(records, where=lambda namespace: True) -> set[tuple[str, str, str]]:
     """The operator's (verb, group, resource[/subresource]) triples, of requests whose namespace passes `where`."""
-    return {(r.verb, r.group, r.resource + (f"/{r.subresource}" if r.subresource else ""))
-            for r in records if r.resource is not None and _operator(r.user_agent) and where(r.namespace)}
+    return {
+        (r.verb, r.group, r.resource + (f"/{r.subresource}" if r.subresource else ""))
+        for r in records
+        if r.resource is not None and _operator(r.user_agent) and where(r.namespace)
+    }
 
 
 def _operator(user_agent: str) -> bool:
@@ -57,8 +60,9 @@ def test_the_cluster_role_grants_exactly_what_the_operator_requests(cluster, req
     rendered = template()
     granted = rule_triples(next(doc for doc in rendered if doc["kind"] == "ClusterRole")["rules"])
     # The operator's own namespace (wipe claims and Jobs) is granted by a Role there.
-    own = rule_triples(next(doc for doc in rendered if doc["kind"] == "Role"
-                            and doc["metadata"]["namespace"] == NAMESPACE)["rules"])
+    own = rule_triples(
+        next(doc for doc in rendered if doc["kind"] == "Role" and doc["metadata"]["namespace"] == NAMESPACE)["rules"]
+    )
     ungranted = (elsewhere - granted) | (in_own_namespace - granted - own)
     unused = (granted - requested) | (own - in_own_namespace)
     print(f"the operator requested:\n{_table(requested)}")
@@ -74,11 +78,22 @@ def test_the_operator_reads_namespaced_resources_one_namespace_at_a_time(cluster
     cluster-wide watches (which become per-namespace ones with `-n`), no request spans all namespaces
     of a namespaced resource."""
     _whole_suite(cluster, request)
-    cluster_scoped = {"nodes", "persistentvolumes", "namespaces", "customresourcedefinitions", "kvpools",
-                      "storageclasses"}
+    cluster_scoped = {
+        "nodes",
+        "persistentvolumes",
+        "namespaces",
+        "customresourcedefinitions",
+        "kvpools",
+        "storageclasses",
+    }
     # Telemetry's pod watch follows `--namespace` as kopf's watches do (one per namespace when given).
     like_kopf = {("list", "", "pods"), ("watch", "", "pods")}
-    spanning = {(r.verb, r.group, r.resource) for r in cluster.server.requests.records
-                if r.user_agent == "kvtier-operator" and r.resource is not None and r.namespace is None
-                and r.resource not in cluster_scoped} - like_kopf
+    spanning = {
+        (r.verb, r.group, r.resource)
+        for r in cluster.server.requests.records
+        if r.user_agent == "kvtier-operator"
+        and r.resource is not None
+        and r.namespace is None
+        and r.resource not in cluster_scoped
+    } - like_kopf
     assert not spanning, f"all-namespace requests of namespaced resources:\n{_table(spanning)}"

@@ -40,14 +40,25 @@ def test_a_missing_verb_is_a_403_in_the_log_and_a_condition_not_a_crash(cluster,
     try:
         with caplog.at_level(logging.WARNING):
             create_deployment(cluster, deployment(namespace, "denied", None))
-            infd = wait_for(lambda: (d := get(cluster, INFERENCEDEPLOYMENTS, namespace, "denied"))
-                            and condition(d, "Degraded").get("reason") == "Forbidden" and d,
-                            timeout=60, message="Degraded=True, reason Forbidden")
+            infd = wait_for(
+                lambda: (
+                    (d := get(cluster, INFERENCEDEPLOYMENTS, namespace, "denied"))
+                    and condition(d, "Degraded").get("reason") == "Forbidden"
+                    and d
+                ),
+                timeout=60,
+                message="Degraded=True, reason Forbidden",
+            )
             message = condition(infd, "Degraded")["message"]
             assert "403" in message and "statefulsets" in message, message
             assert condition(infd, "Ready")["status"] == "False"
-            wait_for(lambda: any("403" in record.getMessage() and "statefulsets" in record.getMessage()
-                                 for record in caplog.records), timeout=30, message="the 403 in the operator's log")
+            wait_for(
+                lambda: any(
+                    "403" in record.getMessage() and "statefulsets" in record.getMessage() for record in caplog.records
+                ),
+                timeout=30,
+                message="the 403 in the operator's log",
+            )
         assert get(cluster, STATEFULSETS, namespace, "denied") is None
     finally:
         restored = cluster.run(cluster.kube.get(CLUSTER_ROLES, None, operator_role))

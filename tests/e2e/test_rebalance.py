@@ -46,8 +46,14 @@ def shifting_load(cluster, namespace, tmp_path):
     pool = f"{namespace}-pool"
     trace = tmp_path / "load.jsonl"
     WORKLOAD.write(trace)
-    manifests = DemoManifests(trace=str(trace), pool_path=str(tmp_path / "pool"), speed=SPEED, workload=WORKLOAD,
-                              interval_seconds=INTERVAL, cooldown_seconds=INTERVAL)
+    manifests = DemoManifests(
+        trace=str(trace),
+        pool_path=str(tmp_path / "pool"),
+        speed=SPEED,
+        workload=WORKLOAD,
+        interval_seconds=INTERVAL,
+        cooldown_seconds=INTERVAL,
+    )
     for obj in manifests.objects():
         if obj["kind"] == "KVPool":
             obj["metadata"]["name"] = pool
@@ -56,8 +62,15 @@ def shifting_load(cluster, namespace, tmp_path):
             obj["metadata"]["namespace"] = namespace
             obj["spec"]["kvCache"]["storage"]["poolRef"] = pool
             create_deployment(cluster, obj)
-    wait_for(lambda: all(condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, name), "Ready").get("status") == "True"
-                         for name in DEPLOYMENTS), timeout=60, interval=0.2, message="the three deployments Ready")
+    wait_for(
+        lambda: all(
+            condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, name), "Ready").get("status") == "True"
+            for name in DEPLOYMENTS
+        ),
+        timeout=60,
+        interval=0.2,
+        message="the three deployments Ready",
+    )
     yield pool, time.monotonic()
     kubectl(cluster, "delete", "infd", "--all", "-n", namespace, "--wait=false")
     wait_for(lambda: not items(cluster, INFERENCEDEPLOYMENTS, namespace), timeout=60, message="deployments gone")
@@ -78,13 +91,21 @@ def test_quotas_move_toward_the_busy_deployment_and_each_move_is_explained(clust
     phase = WORKLOAD.phase_seconds / SPEED
     request = parse_quantity("32Gi")
     # Phase 0: chat is busy (the others replay their quiet phases).
-    wait_for(lambda: quotas(cluster, pool)["chat"] > request, timeout=phase, interval=0.2,
-             message="chat, the busy one, to get more than its request")
+    wait_for(
+        lambda: quotas(cluster, pool)["chat"] > request,
+        timeout=phase,
+        interval=0.2,
+        message="chat, the busy one, to get more than its request",
+    )
     # Phase 1: code becomes the busy one; within three intervals its quota grows.
     at(started, phase)
     before = quotas(cluster, pool)["code"]
-    wait_for(lambda: quotas(cluster, pool)["code"] > before, timeout=3 * INTERVAL + 1, interval=0.2,
-             message=f"code's quota to grow within three intervals of becoming busy (from {before})")
+    wait_for(
+        lambda: quotas(cluster, pool)["code"] > before,
+        timeout=3 * INTERVAL + 1,
+        interval=0.2,
+        message=f"code's quota to grow within three intervals of becoming busy (from {before})",
+    )
     at(started, 2 * phase - 1)
     end_of_phase = quotas(cluster, pool)
     assert end_of_phase["code"] == max(end_of_phase.values()), end_of_phase
@@ -115,17 +136,28 @@ def engines_match_the_ledger(cluster, namespace: str, pool: str) -> bool:
 
 def test_an_operator_killed_mid_round_leaves_ledger_and_engines_consistent(cluster, namespace, shifting_load):
     pool, _ = shifting_load
-    wait_for(lambda: (get(cluster, KVPOOLS, None, pool).get("status") or {}).get("lastRebalance"), timeout=30,
-             interval=0.2, message="a first rebalance")
+    wait_for(
+        lambda: (get(cluster, KVPOOLS, None, pool).get("status") or {}).get("lastRebalance"),
+        timeout=30,
+        interval=0.2,
+        message="a first rebalance",
+    )
     if cluster.embedded:
         # Slow the ledger writes down, and kill the operator while one is in flight.
-        slow = cluster.server.faults.add(verb="update", resource="kvpools", subresource="status", delay=1.0,
-                                         times=None)
+        slow = cluster.server.faults.add(verb="update", resource="kvpools", subresource="status", delay=1.0, times=None)
         try:
-            in_flight = wait_for(lambda: [r for r in cluster.server.requests.filter(
-                                              verb="update", resource="kvpools", subresource="status", name=pool)
-                                          if r.status is None and r.user_agent == "kvtier-operator"],
-                                 timeout=30, interval=0.05, message="a ledger write of a rebalance round in flight")
+            in_flight = wait_for(
+                lambda: [
+                    r
+                    for r in cluster.server.requests.filter(
+                        verb="update", resource="kvpools", subresource="status", name=pool
+                    )
+                    if r.status is None and r.user_agent == "kvtier-operator"
+                ],
+                timeout=30,
+                interval=0.05,
+                message="a ledger write of a rebalance round in flight",
+            )
             cluster.run(cluster.cluster.stop_operator(crash=True))
             assert in_flight
         finally:
@@ -134,15 +166,23 @@ def test_an_operator_killed_mid_round_leaves_ledger_and_engines_consistent(clust
         # No fault injector in a real API server: kill the operator the moment a round's ledger write lands,
         # while its quota PUTs to the engines follow.
         last = get(cluster, KVPOOLS, None, pool)["status"]["lastRebalance"]["time"]
-        wait_for(lambda: get(cluster, KVPOOLS, None, pool)["status"]["lastRebalance"]["time"] != last, timeout=30,
-                 interval=0.05, message="the next rebalance round")
+        wait_for(
+            lambda: get(cluster, KVPOOLS, None, pool)["status"]["lastRebalance"]["time"] != last,
+            timeout=30,
+            interval=0.05,
+            message="the next rebalance round",
+        )
         cluster.run(cluster.cluster.stop_operator(crash=True))
     ledger = quotas(cluster, pool)
     assert sum(ledger.values()) <= parse_quantity("96Gi"), ledger
     cluster.run(cluster.cluster.start_operator())
     # Restarted, the operator brings every engine to the ledger's quota (whatever round was cut short).
-    wait_for(lambda: engines_match_the_ledger(cluster, namespace, pool), timeout=30, interval=0.5,
-             message="every engine's quota equal to its ledger entry")
+    wait_for(
+        lambda: engines_match_the_ledger(cluster, namespace, pool),
+        timeout=30,
+        interval=0.5,
+        message="every engine's quota equal to its ledger entry",
+    )
     status = get(cluster, KVPOOLS, None, pool)["status"]
     assert parse_quantity(status["allocated"]) == sum(quotas(cluster, pool).values()) <= parse_quantity("96Gi")
 
@@ -168,8 +208,12 @@ def static_pool(cluster, namespace):
 
 def test_static_brings_a_deployment_back_to_exactly_its_request_once_there_is_room(cluster, namespace, static_pool):
     kubectl(cluster, "delete", "infd", "first", "-n", namespace, "--wait=false")
-    wait_for(lambda: quotas(cluster, static_pool) == {"second": 2 * TI}, timeout=30, interval=0.2,
-             message="second at exactly its 2Ti request")
+    wait_for(
+        lambda: quotas(cluster, static_pool) == {"second": 2 * TI},
+        timeout=30,
+        interval=0.2,
+        message="second at exactly its 2Ti request",
+    )
     record = get(cluster, KVPOOLS, None, static_pool)["status"]["lastRebalance"]
     assert not record["dryRun"] and record["reason"].startswith("policy Static")
 
@@ -177,9 +221,15 @@ def test_static_brings_a_deployment_back_to_exactly_its_request_once_there_is_ro
 def test_a_dry_run_reports_once_and_moves_nothing(cluster, namespace, static_pool):
     kubectl(cluster, "patch", "kvp", static_pool, "--type=merge", "-p", '{"spec": {"rebalance": {"dryRun": true}}}')
     kubectl(cluster, "delete", "infd", "first", "-n", namespace, "--wait=false")
-    record = wait_for(lambda: (get(cluster, KVPOOLS, None, static_pool)["status"].get("lastRebalance") or {})
-                      .get("dryRun") and get(cluster, KVPOOLS, None, static_pool)["status"]["lastRebalance"],
-                      timeout=30, interval=0.2, message="a dry-run record")
+    record = wait_for(
+        lambda: (
+            (get(cluster, KVPOOLS, None, static_pool)["status"].get("lastRebalance") or {}).get("dryRun")
+            and get(cluster, KVPOOLS, None, static_pool)["status"]["lastRebalance"]
+        ),
+        timeout=30,
+        interval=0.2,
+        message="a dry-run record",
+    )
     assert record["moves"] == [{"namespace": namespace, "name": "second", "fromQuota": "1Ti", "toQuota": "2Ti"}]
     time.sleep(3)  # three more rounds
     assert quotas(cluster, static_pool) == {"second": TI}

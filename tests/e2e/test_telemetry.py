@@ -30,9 +30,9 @@ GIB = 2**30
 # Every prompt is 8 chunks of the example's 256 tokens. Sizes make each tier serve one request.
 CHUNKS = 8
 ENGINE_ENV = {
-    "KVSIM_TRACE": "",                      # no trace: the test is the only load
-    "KVSIM_HBM_BLOCKS": "16",               # 2 prompts
-    "KVSIM_CPU_BLOCKS": "32",               # 4 prompts
+    "KVSIM_TRACE": "",  # no trace: the test is the only load
+    "KVSIM_HBM_BLOCKS": "16",  # 2 prompts
+    "KVSIM_CPU_BLOCKS": "32",  # 4 prompts
     "KVSIM_PREFILL_TOKENS_PER_SECOND": "1000000000000",  # instant prefill and loads: only
     "KVSIM_CPU_READ_BYTES_PER_SECOND": "1000000000000000000",  # the long request holds HBM
     "KVSIM_STORAGE_READ_BYTES_PER_SECOND": "1000000000000000000",
@@ -54,12 +54,27 @@ def deployed(cluster, interval, tmp_path_factory):
     body["metadata"]["namespace"] = namespace
     body["spec"]["engine"]["env"] = [{"name": key, "value": value} for key, value in ENGINE_ENV.items()]
     manifest = tmp_path_factory.mktemp("telemetry") / "example.yaml"
-    manifest.write_text(yaml.safe_dump_all([
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}, example("kvpool.yaml"), body]))
+    manifest.write_text(
+        yaml.safe_dump_all(
+            [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}, example("kvpool.yaml"), body]
+        )
+    )
     kubectl(cluster, "apply", "-f", str(manifest))
-    pods = wait_for(lambda: len(ready := [p for p in items(cluster, PODS, namespace, SELECTOR)
-                                          if condition(p, "Ready").get("status") == "True"]) == 2 and ready,
-                    timeout=60, message="2 ready replicas")
+    pods = wait_for(
+        lambda: (
+            len(
+                ready := [
+                    p
+                    for p in items(cluster, PODS, namespace, SELECTOR)
+                    if condition(p, "Ready").get("status") == "True"
+                ]
+            )
+            == 2
+            and ready
+        ),
+        timeout=60,
+        message="2 ready replicas",
+    )
     yield namespace, sorted(pods, key=lambda p: p["metadata"]["name"])
     kubectl(cluster, "delete", "-f", str(manifest), "--wait=false", check=False)
     wait_for(lambda: get(cluster, KVPOOLS, None, "fx100-a") is None, timeout=60, message="the example pool gone")
@@ -74,8 +89,9 @@ def prompt(tag: str) -> str:
 
 
 async def complete(http, pod, text, max_tokens=0):
-    async with http.post(f"http://{pod['status']['podIP']}:8000/v1/completions",
-                         json={"prompt": text, "max_tokens": max_tokens}) as reply:
+    async with http.post(
+        f"http://{pod['status']['podIP']}:8000/v1/completions", json={"prompt": text, "max_tokens": max_tokens}
+    ) as reply:
         assert reply.status == 200, await reply.text()
 
 
@@ -128,10 +144,15 @@ def quantile(q, buckets):
 
 def expected(pages):
     """status.kv as the pages say it should be: token-weighted tiers, watermark, TTFT, storage."""
+
     def total(name, face="vllm"):
         return sum(page[face][name, None].value for page in pages)
+
     prompt_tokens = total("vllm:prompt_tokens_total")
-    l1, l2 = total("lmcache_mp_lookup_hit_l1_tokens_total", "lmcache"), total("lmcache_mp_lookup_hit_l2_tokens_total", "lmcache")
+    l1, l2 = (
+        total("lmcache_mp_lookup_hit_l1_tokens_total", "lmcache"),
+        total("lmcache_mp_lookup_hit_l2_tokens_total", "lmcache"),
+    )
     external = total("vllm:external_prefix_cache_hits_total")
     hbm = total("vllm:prefix_cache_hits_total")
     ttft = {}
@@ -141,8 +162,12 @@ def expected(pages):
                 ttft[float(le)] = ttft.get(float(le), 0) + sample.value
     used = sum(entry["current_usage_gb"] for page in pages for entry in page["quota"]["users"].values()) * GIB
     return {
-        "hitRatio": {"hbm": hbm / prompt_tokens, "cpu": external * l1 / (l1 + l2) / prompt_tokens,
-                     "storage": external * l2 / (l1 + l2) / prompt_tokens, "total": (hbm + external) / prompt_tokens},
+        "hitRatio": {
+            "hbm": hbm / prompt_tokens,
+            "cpu": external * l1 / (l1 + l2) / prompt_tokens,
+            "storage": external * l2 / (l1 + l2) / prompt_tokens,
+            "total": (hbm + external) / prompt_tokens,
+        },
         "hbmWatermarkMax": max(page["vllm"]["vllm:kv_cache_usage_perc", None].value for page in pages),
         "ttftP50Seconds": quantile(0.5, list(ttft.items())),
         "ttftP99Seconds": quantile(0.99, list(ttft.items())),
@@ -172,21 +197,33 @@ def test_kubectl_shows_live_watermark_and_hit_ratio_within_two_scrape_intervals(
         available = condition(infd(cluster, namespace), "MetricsAvailable")
         message = available.get("message", "")
         return (available.get("reason") == "MetricsStale" and all(f"replica {n}:" in message for n in names)) or (
-            available.get("reason") == "MetricsFresh" and message.startswith("2 replica"))
+            available.get("reason") == "MetricsFresh" and message.startswith("2 replica")
+        )
 
     wait_for(both_sampled, timeout=10 * interval, message="the operator's first samples of both replicas")
     cluster.run(drive(pods))
     # Fresh once LMCache's series exist: from here on the operator's windows hold every counter from 0.
-    wait_for(lambda: condition(infd(cluster, namespace), "MetricsAvailable").get("status") == "True",
-             timeout=10 * interval, message="MetricsAvailable=True after the warm-up")
+    wait_for(
+        lambda: condition(infd(cluster, namespace), "MetricsAvailable").get("status") == "True",
+        timeout=10 * interval,
+        message="MetricsAvailable=True after the warm-up",
+    )
     cluster.run(load(pods))
     loaded = time.monotonic()
     columns = None
     while time.monotonic() - loaded < 4 * interval:
         started = time.monotonic()
-        out = kubectl(cluster, "get", "infd", NAME, "-n", namespace, "--no-headers", "-o",
-                      "custom-columns=W:.status.kv.hbmWatermark,HIT:.status.kv.hitRatio.total,"
-                      "S:.status.kv.hitRatio.storage").stdout.split()
+        out = kubectl(
+            cluster,
+            "get",
+            "infd",
+            NAME,
+            "-n",
+            namespace,
+            "--no-headers",
+            "-o",
+            "custom-columns=W:.status.kv.hbmWatermark,HIT:.status.kv.hitRatio.total,S:.status.kv.hitRatio.storage",
+        ).stdout.split()
         if out[1] != "<none>" and float(out[1]) > 0 and float(out[2]) > 0:
             columns = out
             break
@@ -244,20 +281,29 @@ def test_a_garbage_or_killed_endpoint_makes_metrics_unavailable_with_a_reason(cl
         return condition(infd(cluster, namespace), "MetricsAvailable")
 
     garbage = cluster.run(serve_broken_metrics(lambda: web.Response(body=b"\x00\xff<html>not metrics{{{\n" * 100)))
-    broken = wait_for(lambda: (c := metrics_available()).get("reason") == "ScrapeFailed" and c,
-                      timeout=4 * interval, message="MetricsAvailable=False for garbage")
+    broken = wait_for(
+        lambda: (c := metrics_available()).get("reason") == "ScrapeFailed" and c,
+        timeout=4 * interval,
+        message="MetricsAvailable=False for garbage",
+    )
     assert broken["status"] == "False" and f"{pod['metadata']['name']}: lmcache: parse" in broken["message"]
     # (A closed port would make the pod unready: its readiness probe is on the same port.)
     metrics_runner = garbage
     missing = cluster.run(serve_broken_metrics(lambda: web.Response(status=404)))
-    wait_for(lambda: "lmcache: http_status" in metrics_available().get("message", ""), timeout=4 * interval,
-             message="a failed scrape named in MetricsAvailable")
+    wait_for(
+        lambda: "lmcache: http_status" in metrics_available().get("message", ""),
+        timeout=4 * interval,
+        message="a failed scrape named in MetricsAvailable",
+    )
     cluster.run(missing.cleanup())
     events = [e for e in items(cluster, EVENTS, namespace) if e["involvedObject"]["name"] == NAME]
     assert any(e["reason"] == "ScrapeFailed" and e["type"] == "Warning" for e in events)
     restored = cluster.run(start_site(lmcache_app(server), ip, 8080))
     try:
-        wait_for(lambda: metrics_available().get("status") == "True", timeout=4 * interval,
-                 message="MetricsAvailable=True once the endpoint is back")
+        wait_for(
+            lambda: metrics_available().get("status") == "True",
+            timeout=4 * interval,
+            message="MetricsAvailable=True once the endpoint is back",
+        )
     finally:
         running.runners[0] = restored  # stopped with the pod

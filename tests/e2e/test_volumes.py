@@ -24,8 +24,13 @@ OPERATOR_NAMESPACE = "kvtier-system"
 
 def storage_class(cluster, name, expandable):
     if get(cluster, STORAGECLASSES, None, name) is None:
-        body = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": name},
-                "provisioner": "csi.example.com", "reclaimPolicy": "Delete"}
+        body = {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": name},
+            "provisioner": "csi.example.com",
+            "reclaimPolicy": "Delete",
+        }
         if expandable:
             body["allowVolumeExpansion"] = True
         cluster.run(cluster.kube.create(STORAGECLASSES, body))
@@ -52,8 +57,18 @@ def rejected(cluster, resource, since):
 def grow(cluster, namespace, name, size):
     """Raise `max` (and `min`, which moves the ledger's quota at once, without waiting for the rebalancer)."""
     storage = {"min": size, "request": size, "max": size}
-    kubectl(cluster, "patch", "infd", name, "-n", namespace, "--type", "merge",
-            "-p", f'{{"spec": {{"kvCache": {{"storage": {storage!r}}}}}}}'.replace("'", '"'))
+    kubectl(
+        cluster,
+        "patch",
+        "infd",
+        name,
+        "-n",
+        namespace,
+        "--type",
+        "merge",
+        "-p",
+        f'{{"spec": {{"kvCache": {{"storage": {storage!r}}}}}}}'.replace("'", '"'),
+    )
 
 
 def claim_sizes(cluster, namespace, name, key):
@@ -64,15 +79,29 @@ def claim_sizes(cluster, namespace, name, key):
 
 
 def csi_pool(name, storage_class_name):
-    return {"apiVersion": "kvtier.io/v1alpha1", "kind": "KVPool", "metadata": {"name": name},
-            "spec": {"capacity": "8Ti", "storage": {"csi": {"storageClassName": storage_class_name}},
-                     "rebalance": {"policy": "Static"}}}
+    return {
+        "apiVersion": "kvtier.io/v1alpha1",
+        "kind": "KVPool",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": "8Ti",
+            "storage": {"csi": {"storageClassName": storage_class_name}},
+            "rebalance": {"policy": "Static"},
+        },
+    }
 
 
 def running(cluster, namespace, name, replicas):
-    return wait_for(lambda: (d := get(cluster, INFERENCEDEPLOYMENTS, namespace, name))
-                    and condition(d, "Ready").get("status") == "True" and d["status"].get("readyReplicas") == replicas
-                    and d, timeout=30, message=f"{name} ready")
+    return wait_for(
+        lambda: (
+            (d := get(cluster, INFERENCEDEPLOYMENTS, namespace, name))
+            and condition(d, "Ready").get("status") == "True"
+            and d["status"].get("readyReplicas") == replicas
+            and d
+        ),
+        timeout=30,
+        message=f"{name} ready",
+    )
 
 
 def test_raising_max_expands_the_claims_when_the_class_allows(cluster, namespace, pool):
@@ -84,11 +113,16 @@ def test_raising_max_expands_the_claims_when_the_class_allows(cluster, namespace
     running(cluster, namespace, "grow", 2)
     since = len(cluster.server.requests.records)
     grow(cluster, namespace, "grow", "2Ti")
-    wait_for(lambda: claim_sizes(cluster, namespace, "grow", "capacity") == ["2Ti", "2Ti"], timeout=20,
-             message="both claims expanded")
+    wait_for(
+        lambda: claim_sizes(cluster, namespace, "grow", "capacity") == ["2Ti", "2Ti"],
+        timeout=20,
+        message="both claims expanded",
+    )
     assert claim_sizes(cluster, namespace, "grow", "request") == ["2Ti", "2Ti"]
-    wait_for(lambda: get(cluster, INFERENCEDEPLOYMENTS, namespace, "grow")["status"]["kv"]["storage"]["quota"] == "2Ti",
-             message="the quota to follow the expanded volumes")
+    wait_for(
+        lambda: get(cluster, INFERENCEDEPLOYMENTS, namespace, "grow")["status"]["kv"]["storage"]["quota"] == "2Ti",
+        message="the quota to follow the expanded volumes",
+    )
     template = get(cluster, STATEFULSETS, namespace, "grow")["spec"]["volumeClaimTemplates"][0]
     assert template["spec"]["resources"]["requests"]["storage"] == "1Ti", "claim templates never change"
     assert condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "grow"), "Degraded")["status"] == "False"
@@ -104,18 +138,29 @@ def test_raising_max_says_plainly_when_the_class_forbids_expansion(cluster, name
     running(cluster, namespace, "stuck", 1)
     since = len(cluster.server.requests.records)
     grow(cluster, namespace, "stuck", "2Ti")
-    infd = wait_for(lambda: (d := get(cluster, INFERENCEDEPLOYMENTS, namespace, "stuck"))
-                    and condition(d, "Degraded").get("reason") == "VolumeExpansionNotAllowed" and d,
-                    message="the Degraded condition")
+    infd = wait_for(
+        lambda: (
+            (d := get(cluster, INFERENCEDEPLOYMENTS, namespace, "stuck"))
+            and condition(d, "Degraded").get("reason") == "VolumeExpansionNotAllowed"
+            and d
+        ),
+        message="the Degraded condition",
+    )
     message = condition(infd, "Degraded")["message"]
     assert "spec.kvCache.storage.max grew to 2Ti" in message and "hold 1Ti" in message
     assert "StorageClass sim-fixed does not allow volume expansion" in message
     assert infd["status"]["kv"]["storage"]["quota"] == "1Ti", "the quota stays capped by the volume"
     assert get(cluster, KVPOOLS, None, pool)["status"]["allocations"][0]["quota"] == "2Ti"
-    assert any(e["reason"] == "VolumeExpansionNotAllowed" and e["type"] == "Warning"
-               for e in events(cluster, namespace, "stuck"))
-    wait_for(lambda: len(cluster.server.requests.filter(resource="inferencedeployments", subresource="status",
-                                                        verb="patch")) > 0, message="more passes")
+    assert any(
+        e["reason"] == "VolumeExpansionNotAllowed" and e["type"] == "Warning"
+        for e in events(cluster, namespace, "stuck")
+    )
+    wait_for(
+        lambda: (
+            len(cluster.server.requests.filter(resource="inferencedeployments", subresource="status", verb="patch")) > 0
+        ),
+        message="more passes",
+    )
     assert claim_sizes(cluster, namespace, "stuck", "request") == ["1Ti"]
     assert not rejected(cluster, "statefulsets", since) and not rejected(cluster, "persistentvolumeclaims", since)
 
@@ -128,22 +173,49 @@ def test_a_changed_volume_mode_is_reported_not_applied(cluster, namespace, pool)
     create_deployment(cluster, deployment(namespace, "moved", pool, request="1Ti"))
     running(cluster, namespace, "moved", 1)
     since = len(cluster.server.requests.records)
-    kubectl(cluster, "patch", "kvp", pool, "--type", "merge", "-p",
-            '{"spec": {"storage": {"csi": {"storageClassName": "sim-fixed", "volumeMode": "Filesystem"}}}}')
-    infd = wait_for(lambda: (d := get(cluster, INFERENCEDEPLOYMENTS, namespace, "moved"))
-                    and condition(d, "Ready").get("reason") == "StatefulSetImmutable" and d, message="reported")
+    kubectl(
+        cluster,
+        "patch",
+        "kvp",
+        pool,
+        "--type",
+        "merge",
+        "-p",
+        '{"spec": {"storage": {"csi": {"storageClassName": "sim-fixed", "volumeMode": "Filesystem"}}}}',
+    )
+    infd = wait_for(
+        lambda: (
+            (d := get(cluster, INFERENCEDEPLOYMENTS, namespace, "moved"))
+            and condition(d, "Ready").get("reason") == "StatefulSetImmutable"
+            and d
+        ),
+        message="reported",
+    )
     message = condition(infd, "Ready")["message"]
-    assert message.startswith("spec.kvCache.storage: StatefulSet moved cannot be updated: kv-store.volumeMode 'Block' "
-                              "-> 'Filesystem'") and "kubectl delete statefulset moved" in message
+    assert (
+        message.startswith(
+            "spec.kvCache.storage: StatefulSet moved cannot be updated: kv-store.volumeMode 'Block' -> 'Filesystem'"
+        )
+        and "kubectl delete statefulset moved" in message
+    )
     assert not rejected(cluster, "statefulsets", since)
 
 
 def static_pool(name, reclaim, count=1):
-    namespaces = [{"nqn": f"nqn.2024-06.com.example:{name}-{i}", "uuid": UUID.format(i), "size": "2Ti"}
-                  for i in range(count)]
-    return {"apiVersion": "kvtier.io/v1alpha1", "kind": "KVPool", "metadata": {"name": name},
-            "spec": {"capacity": f"{2 * count}Ti", "volumeReclaim": reclaim, "rebalance": {"policy": "Static"},
-                     "storage": {"nvmeof": {"targets": [{"address": "192.0.2.10"}], "namespaces": namespaces}}}}
+    namespaces = [
+        {"nqn": f"nqn.2024-06.com.example:{name}-{i}", "uuid": UUID.format(i), "size": "2Ti"} for i in range(count)
+    ]
+    return {
+        "apiVersion": "kvtier.io/v1alpha1",
+        "kind": "KVPool",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": f"{2 * count}Ti",
+            "volumeReclaim": reclaim,
+            "rebalance": {"policy": "Static"},
+            "storage": {"nvmeof": {"targets": [{"address": "192.0.2.10"}], "namespaces": namespaces}},
+        },
+    }
 
 
 def pool_status(cluster, pool):
@@ -166,25 +238,43 @@ def test_a_deleted_deployments_namespace_is_wiped_before_it_is_free(cluster, nam
         kubectl(cluster, "delete", "infd", "first", "-n", namespace)
         assert pool_status(cluster, pool)["reclaiming"] == [UUID.format(0)]
         create_deployment(cluster, deployment(namespace, "second", pool, request="1Ti"))
-        degraded = wait_for(lambda: condition(get(cluster, KVPOOLS, None, pool), "Degraded").get("reason") == "WipeFailed"
-                            and condition(get(cluster, KVPOOLS, None, pool), "Degraded"), timeout=90,
-                            message="the failed wipe (a real Job controller backs off 10s, 20s between retries)")
+        degraded = wait_for(
+            lambda: (
+                condition(get(cluster, KVPOOLS, None, pool), "Degraded").get("reason") == "WipeFailed"
+                and condition(get(cluster, KVPOOLS, None, pool), "Degraded")
+            ),
+            timeout=90,
+            message="the failed wipe (a real Job controller backs off 10s, 20s between retries)",
+        )
         assert volume_name(pool) in degraded["message"] and "delete the Job to retry" in degraded["message"]
-        [job] = [j for j in items(cluster, JOBS, OPERATOR_NAMESPACE) if j["metadata"]["annotations"]["kvtier.io/volume"]
-                 == volume_name(pool)]
+        [job] = [
+            j
+            for j in items(cluster, JOBS, OPERATOR_NAMESPACE)
+            if j["metadata"]["annotations"]["kvtier.io/volume"] == volume_name(pool)
+        ]
         command = job["spec"]["template"]["spec"]["containers"][0]["command"]
         assert "blkdiscard -f" in command[-1] and "dd if=/dev/zero" in command[-1]
         assert get(cluster, PERSISTENT_VOLUMES, None, volume_name(pool)) is not None
-        second = wait_for(lambda: condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "second"), "StorageBound"),
-                          message="the second deployment's StorageBound condition")
+        second = wait_for(
+            lambda: condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "second"), "StorageBound"),
+            message="the second deployment's StorageBound condition",
+        )
         assert second["status"] == "False" and "0 free NVMe-oF namespace" in second["message"]
     finally:
         simulator.exit_code = lambda pod: 0
     cluster.run(cluster.kube.delete(JOBS, OPERATOR_NAMESPACE, job["metadata"]["name"]))
-    wait_for(lambda: get(cluster, PERSISTENT_VOLUMES, None, volume_name(pool)) is None, timeout=20,
-             message="the wiped volume deleted")
-    wait_for(lambda: condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "second"), "StorageBound")
-             .get("status") == "True", timeout=20, message="the wiped namespace bound again")
+    wait_for(
+        lambda: get(cluster, PERSISTENT_VOLUMES, None, volume_name(pool)) is None,
+        timeout=20,
+        message="the wiped volume deleted",
+    )
+    wait_for(
+        lambda: (
+            condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "second"), "StorageBound").get("status") == "True"
+        ),
+        timeout=20,
+        message="the wiped namespace bound again",
+    )
     assert not pool_status(cluster, pool)["reclaiming"]
     assert condition(get(cluster, KVPOOLS, None, pool), "Degraded")["status"] == "False"
     assert not [j for j in items(cluster, JOBS, OPERATOR_NAMESPACE) if j["metadata"]["name"] == job["metadata"]["name"]]
@@ -196,17 +286,35 @@ def test_a_retained_namespace_stays_released_until_an_admin_deletes_its_volume(c
     running(cluster, namespace, "first", 1)
     kubectl(cluster, "delete", "infd", "first", "-n", namespace)
     create_deployment(cluster, deployment(namespace, "second", pool, request="1Ti"))
-    released = wait_for(lambda: (v := get(cluster, PERSISTENT_VOLUMES, None, volume_name(pool)))
-                        and (v.get("status") or {}).get("phase") == "Released" and v, message="the volume Released")
+    released = wait_for(
+        lambda: (
+            (v := get(cluster, PERSISTENT_VOLUMES, None, volume_name(pool)))
+            and (v.get("status") or {}).get("phase") == "Released"
+            and v
+        ),
+        message="the volume Released",
+    )
     assert released["metadata"]["labels"]["kvtier.io/released"] == "true"
     assert released["spec"]["claimRef"]["namespace"] == namespace, "never re-pointed at a wipe claim"
     assert pool_status(cluster, pool)["reclaiming"] == [UUID.format(0)]
-    second = wait_for(lambda: condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "second"), "StorageBound"),
-                      message="the second deployment's StorageBound condition")
+    second = wait_for(
+        lambda: condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "second"), "StorageBound"),
+        message="the second deployment's StorageBound condition",
+    )
     assert second["status"] == "False" and "0 free NVMe-oF namespace" in second["message"]
-    wait_for(lambda: "1 released NVMe-oF namespace retained until its PersistentVolume is deleted"
-             in condition(get(cluster, KVPOOLS, None, pool), "Ready")["message"], message="the pool to say so")
+    wait_for(
+        lambda: (
+            "1 released NVMe-oF namespace retained until its PersistentVolume is deleted"
+            in condition(get(cluster, KVPOOLS, None, pool), "Ready")["message"]
+        ),
+        message="the pool to say so",
+    )
     kubectl(cluster, "delete", "pv", volume_name(pool))
-    wait_for(lambda: condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "second"), "StorageBound")
-             .get("status") == "True", timeout=20, message="the namespace bound once its volume was deleted")
+    wait_for(
+        lambda: (
+            condition(get(cluster, INFERENCEDEPLOYMENTS, namespace, "second"), "StorageBound").get("status") == "True"
+        ),
+        timeout=20,
+        message="the namespace bound once its volume was deleted",
+    )
     assert not pool_status(cluster, pool)["reclaiming"]

@@ -26,15 +26,21 @@ class Api:
         self.url = url
         self.http = urllib3.PoolManager()
 
-    def request(self, method: str, path: str, body: Any = None, *, content_type: str = "application/json",
-                headers: dict[str, str] | None = None, raw: bytes | None = None,
-                ) -> tuple[int, Any, urllib3.HTTPHeaderDict]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+        raw: bytes | None = None,
+    ) -> tuple[int, Any, urllib3.HTTPHeaderDict]:
         if isinstance(body, str):
             raw = body.encode()
         data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
         all_headers = {"Content-Type": content_type, **(headers or {})}
-        response = self.http.request(method, self.url + path, body=data, headers=all_headers, retries=False,
-                                     timeout=30)
+        response = self.http.request(method, self.url + path, body=data, headers=all_headers, retries=False, timeout=30)
         text = response.data
         try:
             decoded = json.loads(text) if text else None
@@ -51,8 +57,9 @@ class Api:
     def put(self, path: str, body: Any, **kw: Any) -> tuple[int, Any, Any]:
         return self.request("PUT", path, body, **kw)
 
-    def patch(self, path: str, body: Any, content_type: str = "application/merge-patch+json",
-              **kw: Any) -> tuple[int, Any, Any]:
+    def patch(
+        self, path: str, body: Any, content_type: str = "application/merge-patch+json", **kw: Any
+    ) -> tuple[int, Any, Any]:
         return self.request("PATCH", path, body, content_type=content_type, **kw)
 
     def delete(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any, Any]:
@@ -66,8 +73,12 @@ class Api:
 
 
 def widget(name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "test.kvtier.io/v1", "kind": "Widget", "metadata": {"name": name},
-            "spec": {"size": "small", **spec}}
+    return {
+        "apiVersion": "test.kvtier.io/v1",
+        "kind": "Widget",
+        "metadata": {"name": name},
+        "spec": {"size": "small", **spec},
+    }
 
 
 def configmap(name: str, **data: str) -> dict[str, Any]:
@@ -83,8 +94,9 @@ class WatchStream:
 
         self.events: list[dict[str, Any]] = []
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self._response = api.http.request("GET", api.url + path, headers=headers, preload_content=False,
-                                          retries=False, timeout=30)
+        self._response = api.http.request(
+            "GET", api.url + path, headers=headers, preload_content=False, retries=False, timeout=30
+        )
         self.status = self._response.status
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()

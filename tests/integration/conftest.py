@@ -46,10 +46,18 @@ def kubectl(kubeconfig: pathlib.Path, tmp_path: pathlib.Path) -> Callable[..., s
     env = {**os.environ, "KUBECACHEDIR": str(tmp_path / "kubecache"), "HOME": str(tmp_path)}
 
     def run(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([str(KUBECTL), "--kubeconfig", str(kubeconfig), *args], input=stdin,
-                                capture_output=True, text=True, env=env, timeout=60)
+        result = subprocess.run(
+            [str(KUBECTL), "--kubeconfig", str(kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
         if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stdout}{result.stderr}")
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stdout}{result.stderr}"
+            )
         return result
 
     return run

@@ -25,8 +25,12 @@ def k8s(kubeconfig):
 
 def test_kubernetes_python_client(k8s, widgets):
     core = kubernetes.client.CoreV1Api(k8s)
-    created = core.create_namespaced_config_map("default", kubernetes.client.V1ConfigMap(
-        metadata=kubernetes.client.V1ObjectMeta(name="a", labels={"app": "x"}), data={"k": "v"}))
+    created = core.create_namespaced_config_map(
+        "default",
+        kubernetes.client.V1ConfigMap(
+            metadata=kubernetes.client.V1ObjectMeta(name="a", labels={"app": "x"}), data={"k": "v"}
+        ),
+    )
     assert created.metadata.uid and created.metadata.resource_version
     with pytest.raises(kubernetes.client.ApiException) as exists:
         core.create_namespaced_config_map("default", {"metadata": {"name": "a"}})
@@ -41,16 +45,20 @@ def test_kubernetes_python_client(k8s, widgets):
 
     custom = kubernetes.client.CustomObjectsApi(k8s)
     custom.create_namespaced_custom_object("test.kvtier.io", "v1", "default", "widgets", widget("w"))
-    custom.patch_namespaced_custom_object_status("test.kvtier.io", "v1", "default", "widgets", "w",
-                                                 {"status": {"replicas": 1}})
-    custom.patch_namespaced_custom_object_scale("test.kvtier.io", "v1", "default", "widgets", "w",
-                                                {"spec": {"replicas": 4}})
+    custom.patch_namespaced_custom_object_status(
+        "test.kvtier.io", "v1", "default", "widgets", "w", {"status": {"replicas": 1}}
+    )
+    custom.patch_namespaced_custom_object_scale(
+        "test.kvtier.io", "v1", "default", "widgets", "w", {"spec": {"replicas": 4}}
+    )
     got = custom.get_namespaced_custom_object("test.kvtier.io", "v1", "default", "widgets", "w")
     assert got["spec"]["replicas"] == 4 and got["status"]["replicas"] == 1
 
     watch = kubernetes.watch.Watch()
-    events = [(e["type"], e["object"].metadata.name)
-              for e in watch.stream(core.list_namespaced_config_map, "default", timeout_seconds=1)]
+    events = [
+        (e["type"], e["object"].metadata.name)
+        for e in watch.stream(core.list_namespaced_config_map, "default", timeout_seconds=1)
+    ]
     assert events == [("ADDED", "a")]
     core.delete_namespaced_config_map("a", "default")
     with pytest.raises(kubernetes.client.ApiException) as gone:
@@ -64,6 +72,7 @@ async def test_kopf_operator_handles_create_and_patches_status():
     seen: list[str] = []
 
     async with APIServer() as server:
+
         @kopf.on.login(registry=registry)
         def login(**_):
             return kopf.ConnectionInfo(server=server.url, scheme="Bearer", token="test")
@@ -78,16 +87,24 @@ async def test_kopf_operator_handles_create_and_patches_status():
         def created(name, patch, logger, **_):
             seen.append(name)
             patch.status["phase"] = "Ready"
-            kopf.info({"apiVersion": "test.kvtier.io/v1", "kind": "Widget", "metadata": {"name": name, "namespace": "default"}},
-                      reason="Created", message="hello from kopf")
+            kopf.info(
+                {
+                    "apiVersion": "test.kvtier.io/v1",
+                    "kind": "Widget",
+                    "metadata": {"name": name, "namespace": "default"},
+                },
+                reason="Created",
+                message="hello from kopf",
+            )
 
         async with aiohttp.ClientSession(server.url) as http:
             for crd in yaml.safe_load_all(CRDS.read_text()):
                 async with http.post("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd) as r:
                     assert r.status == 201
             stop = asyncio.Event()
-            operator = asyncio.create_task(kopf.operator(registry=registry, standalone=True, namespaces=["default"],
-                                                         stop_flag=stop))
+            operator = asyncio.create_task(
+                kopf.operator(registry=registry, standalone=True, namespaces=["default"], stop_flag=stop)
+            )
             async with http.post("/apis/test.kvtier.io/v1/namespaces/default/widgets", json=widget("w")) as r:
                 assert r.status == 201
             deadline = time.monotonic() + 20

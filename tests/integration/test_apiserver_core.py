@@ -21,14 +21,34 @@ def test_discovery_documents(api):
     assert version["major"] == "1" and version["gitVersion"].startswith("v1.")
     assert api.ok("GET", "/api")["versions"] == ["v1"]
     core = {r["name"]: r for r in api.ok("GET", "/api/v1")["resources"]}
-    for name in ("namespaces", "pods", "pods/status", "services", "configmaps", "secrets", "events",
-                 "persistentvolumes", "persistentvolumeclaims", "nodes", "serviceaccounts", "endpoints"):
+    for name in (
+        "namespaces",
+        "pods",
+        "pods/status",
+        "services",
+        "configmaps",
+        "secrets",
+        "events",
+        "persistentvolumes",
+        "persistentvolumeclaims",
+        "nodes",
+        "serviceaccounts",
+        "endpoints",
+    ):
         assert name in core, name
     assert core["pods"]["namespaced"] and not core["nodes"]["namespaced"] and not core["namespaces"]["namespaced"]
     assert "watch" in core["pods"]["verbs"]
     groups = {g["name"]: g for g in api.ok("GET", "/apis")["groups"]}
-    for group in ("apps", "policy", "storage.k8s.io", "coordination.k8s.io", "apiextensions.k8s.io",
-                  "rbac.authorization.k8s.io", "autoscaling", "events.k8s.io"):
+    for group in (
+        "apps",
+        "policy",
+        "storage.k8s.io",
+        "coordination.k8s.io",
+        "apiextensions.k8s.io",
+        "rbac.authorization.k8s.io",
+        "autoscaling",
+        "events.k8s.io",
+    ):
         assert group in groups, group
     assert groups["autoscaling"]["preferredVersion"]["version"] == "v2"
     apps = {r["name"]: r for r in api.ok("GET", "/apis/apps/v1")["resources"]}
@@ -137,8 +157,11 @@ def test_update_with_stale_resource_version_conflicts(api):
 
 def test_uid_and_creation_timestamp_are_immutable(api):
     created = api.ok("POST", CONFIGMAPS, configmap("a"))
-    tampered = {**created, "metadata": {**created["metadata"], "uid": "x", "creationTimestamp": "2000-01-01T00:00:00Z"},
-                "data": {"n": "1"}}
+    tampered = {
+        **created,
+        "metadata": {**created["metadata"], "uid": "x", "creationTimestamp": "2000-01-01T00:00:00Z"},
+        "data": {"n": "1"},
+    }
     updated = api.ok("PUT", f"{CONFIGMAPS}/a", tampered)
     assert updated["metadata"]["uid"] == created["metadata"]["uid"]
     assert updated["metadata"]["creationTimestamp"] == created["metadata"]["creationTimestamp"]
@@ -160,8 +183,12 @@ def test_generation_moves_on_spec_changes_only(api, widgets):
 
 
 def test_cluster_scoped_resources(api, widgets):
-    gadget = {"apiVersion": "test.kvtier.io/v1", "kind": "Gadget",
-              "metadata": {"name": "g", "namespace": "x", "labels": {"a": "b"}}, "spec": {"capacity": "1Ti"}}
+    gadget = {
+        "apiVersion": "test.kvtier.io/v1",
+        "kind": "Gadget",
+        "metadata": {"name": "g", "namespace": "x", "labels": {"a": "b"}},
+        "spec": {"capacity": "1Ti"},
+    }
     created = api.ok("POST", GADGETS, gadget)
     assert "namespace" not in created["metadata"] and created["metadata"]["labels"] == {"a": "b"}
     assert api.get("/apis/test.kvtier.io/v1/namespaces/default/gadgets/g")[0] == 404
@@ -169,30 +196,52 @@ def test_cluster_scoped_resources(api, widgets):
     node = api.ok("POST", "/api/v1/nodes", {"metadata": {"name": "n1"}, "status": {"capacity": {"cpu": "8"}}})
     assert node["kind"] == "Node" and "namespace" not in node["metadata"]
     assert node["status"] == {"capacity": {"cpu": "8"}}  # nodes register with their status
-    pvc = api.ok("POST", "/api/v1/namespaces/default/persistentvolumeclaims", {
-        "metadata": {"name": "c"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-        "status": {"phase": "Bound"}})
+    pvc = api.ok(
+        "POST",
+        "/api/v1/namespaces/default/persistentvolumeclaims",
+        {
+            "metadata": {"name": "c"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Bound"},
+        },
+    )
     assert pvc["status"] == {"phase": "Pending"}
     # Namespaced kinds have no cluster-wide item path.
     assert api.get("/api/v1/configmaps/x")[0] == 404
 
 
 def test_builtin_defaults_and_service_ips(api):
-    svc = api.ok("POST", "/api/v1/namespaces/default/services",
-                 {"metadata": {"name": "s"}, "spec": {"selector": {"app": "a"}, "ports": [{"port": 80}]}})
+    svc = api.ok(
+        "POST",
+        "/api/v1/namespaces/default/services",
+        {"metadata": {"name": "s"}, "spec": {"selector": {"app": "a"}, "ports": [{"port": 80}]}},
+    )
     assert svc["spec"]["type"] == "ClusterIP" and svc["spec"]["clusterIP"].startswith("10.96.")
     assert svc["spec"]["clusterIPs"] == [svc["spec"]["clusterIP"]]
     assert svc["spec"]["ports"] == [{"port": 80, "protocol": "TCP", "targetPort": 80}]
-    other = api.ok("POST", "/api/v1/namespaces/default/services", {"metadata": {"name": "t"}, "spec": {"ports": [{"port": 1}]}})
+    other = api.ok(
+        "POST", "/api/v1/namespaces/default/services", {"metadata": {"name": "t"}, "spec": {"ports": [{"port": 1}]}}
+    )
     assert other["spec"]["clusterIP"] != svc["spec"]["clusterIP"]
-    replaced = api.ok("PUT", "/api/v1/namespaces/default/services/s",
-                      {"metadata": {"name": "s"}, "spec": {"ports": [{"port": 81}]}})
+    replaced = api.ok(
+        "PUT", "/api/v1/namespaces/default/services/s", {"metadata": {"name": "s"}, "spec": {"ports": [{"port": 81}]}}
+    )
     assert replaced["spec"]["clusterIP"] == svc["spec"]["clusterIP"]  # allocated once
-    sts = api.ok("POST", "/apis/apps/v1/namespaces/default/statefulsets", {
-        "metadata": {"name": "db"},
-        "spec": {"serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
-                 "template": {"metadata": {"labels": {"app": "db"}},
-                              "spec": {"containers": [{"name": "db", "image": "db"}, {"name": "x", "image": "x:1.0"}]}}}})
+    sts = api.ok(
+        "POST",
+        "/apis/apps/v1/namespaces/default/statefulsets",
+        {
+            "metadata": {"name": "db"},
+            "spec": {
+                "serviceName": "db",
+                "selector": {"matchLabels": {"app": "db"}},
+                "template": {
+                    "metadata": {"labels": {"app": "db"}},
+                    "spec": {"containers": [{"name": "db", "image": "db"}, {"name": "x", "image": "x:1.0"}]},
+                },
+            },
+        },
+    )
     spec = sts["spec"]
     assert spec["replicas"] == 1 and spec["podManagementPolicy"] == "OrderedReady"
     assert spec["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}
@@ -213,7 +262,10 @@ def test_list_shape_and_cross_namespace(api):
     assert int(listed["metadata"]["resourceVersion"]) >= int(last["metadata"]["resourceVersion"])
     assert [i["metadata"]["name"] for i in listed["items"]] == ["a"]
     everywhere = api.ok("GET", "/api/v1/configmaps")
-    assert {(i["metadata"]["namespace"], i["metadata"]["name"]) for i in everywhere["items"]} == {("default", "a"), ("other", "b")}
+    assert {(i["metadata"]["namespace"], i["metadata"]["name"]) for i in everywhere["items"]} == {
+        ("default", "a"),
+        ("other", "b"),
+    }
     sts = api.ok("GET", "/apis/apps/v1/statefulsets")
     assert sts["kind"] == "StatefulSetList" and sts["apiVersion"] == "apps/v1" and sts["items"] == []
 
@@ -245,9 +297,11 @@ def test_field_selectors(api):
     for ns in ("default", "other"):
         for name in ("a", "b"):
             api.ok("POST", f"/api/v1/namespaces/{ns}/configmaps", configmap(name))
+
     def names(query: str) -> set[tuple[str, str]]:
         items = api.ok("GET", f"/api/v1/configmaps?fieldSelector={query}")["items"]
         return {(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items}
+
     assert names("metadata.name=a") == {("default", "a"), ("other", "a")}
     assert names("metadata.namespace=other,metadata.name!=a") == {("other", "b")}
     assert names("metadata.namespace==default") == {("default", "a"), ("default", "b")}
@@ -278,7 +332,10 @@ def test_watch_replays_from_resource_version(api):
     api.ok("DELETE", f"{CONFIGMAPS}/b")
     events = WatchStream(api, f"{CONFIGMAPS}?watch=true&resourceVersion={rv}&timeoutSeconds=1").rest()
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
-        ("MODIFIED", "a"), ("ADDED", "b"), ("DELETED", "b")]
+        ("MODIFIED", "a"),
+        ("ADDED", "b"),
+        ("DELETED", "b"),
+    ]
     rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
     assert rvs == sorted(rvs) and rvs[0] > int(rv)
     assert events[0]["object"]["data"] == {"v": "2"}
@@ -307,7 +364,10 @@ def test_watch_follows_label_selector_transitions(api):
     api.ok("PATCH", f"{CONFIGMAPS}/a", {"metadata": {"labels": {"app": "z"}}}, content_type=MERGE)
     events = stream.take(3)
     assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
-        ("ADDED", "a"), ("MODIFIED", "a"), ("DELETED", "a")]
+        ("ADDED", "a"),
+        ("MODIFIED", "a"),
+        ("DELETED", "a"),
+    ]
     with pytest.raises(queue.Empty):
         stream.next(timeout=0.3)
     stream.close()
@@ -315,8 +375,9 @@ def test_watch_follows_label_selector_transitions(api):
 
 def test_watch_field_selector_and_all_namespaces(api):
     api.ok("POST", "/api/v1/namespaces", {"metadata": {"name": "other"}})
-    stream = WatchStream(api, "/api/v1/configmaps?watch=true&fieldSelector=metadata.name%3Dwanted&timeoutSeconds=5"
-                              "&resourceVersion=1")
+    stream = WatchStream(
+        api, "/api/v1/configmaps?watch=true&fieldSelector=metadata.name%3Dwanted&timeoutSeconds=5&resourceVersion=1"
+    )
     api.ok("POST", "/api/v1/namespaces/other/configmaps", configmap("unwanted"))
     api.ok("POST", "/api/v1/namespaces/other/configmaps", configmap("wanted"))
     api.ok("POST", CONFIGMAPS, configmap("wanted"))
@@ -337,7 +398,9 @@ def test_watch_too_old_resource_version_is_410():
         first = api.ok("POST", CONFIGMAPS, configmap("a"))
         for i in range(5):
             api.ok("PATCH", f"{CONFIGMAPS}/a", {"data": {"i": str(i)}}, content_type=MERGE)
-        events = WatchStream(api, f"{CONFIGMAPS}?watch=true&resourceVersion={first['metadata']['resourceVersion']}").rest()
+        events = WatchStream(
+            api, f"{CONFIGMAPS}?watch=true&resourceVersion={first['metadata']['resourceVersion']}"
+        ).rest()
         assert len(events) == 1 and events[0]["type"] == "ERROR"
         status = events[0]["object"]
         assert status["kind"] == "Status" and status["code"] == 410 and status["reason"] == "Expired"
@@ -345,8 +408,9 @@ def test_watch_too_old_resource_version_is_410():
         latest = api.ok("GET", CONFIGMAPS)["metadata"]["resourceVersion"]
         assert WatchStream(api, f"{CONFIGMAPS}?watch=true&resourceVersion={latest}&timeoutSeconds=1").rest() == []
         # An exact list at a compacted resourceVersion is gone too.
-        code, body, _ = api.get(f"{CONFIGMAPS}?resourceVersion={first['metadata']['resourceVersion']}"
-                                "&resourceVersionMatch=Exact")
+        code, body, _ = api.get(
+            f"{CONFIGMAPS}?resourceVersion={first['metadata']['resourceVersion']}&resourceVersionMatch=Exact"
+        )
         assert code == 410 and body["reason"] == "Expired"
 
 
@@ -354,8 +418,11 @@ def test_watch_bookmarks_and_initial_events():
     with ThreadedAPIServer(bookmark_interval=0.2) as server:
         api = Api(server.url)
         api.ok("POST", CONFIGMAPS, configmap("a"))
-        stream = WatchStream(api, f"{CONFIGMAPS}?watch=true&allowWatchBookmarks=true&sendInitialEvents=true"
-                                  "&resourceVersionMatch=NotOlderThan&timeoutSeconds=1")
+        stream = WatchStream(
+            api,
+            f"{CONFIGMAPS}?watch=true&allowWatchBookmarks=true&sendInitialEvents=true"
+            "&resourceVersionMatch=NotOlderThan&timeoutSeconds=1",
+        )
         events = stream.rest()
         assert events[0]["type"] == "ADDED"
         assert events[1]["type"] == "BOOKMARK"

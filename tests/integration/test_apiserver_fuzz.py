@@ -20,14 +20,43 @@ from kvtier.testing.apiserver.selectors import parse_field_selector, parse_label
 from kvtier.testing.apiserver.table import table
 
 # Keys the server gives meaning to (patch directives, JSON patch fields, object fields), and noise.
-keys = st.sampled_from([
-    "$patch", "$deleteFromPrimitiveList/finalizers", "$deleteFromPrimitiveList/data", "$setElementOrder/containers",
-    "$retainKeys", "op", "path", "value", "from", "metadata", "name", "labels", "annotations", "finalizers",
-    "ownerReferences", "resourceVersion", "spec", "status", "data", "replicas", "selector", "containers", "env",
-    "size", "engine", "limits", "min", "max",
-]) | st.text(max_size=6)
+keys = st.sampled_from(
+    [
+        "$patch",
+        "$deleteFromPrimitiveList/finalizers",
+        "$deleteFromPrimitiveList/data",
+        "$setElementOrder/containers",
+        "$retainKeys",
+        "op",
+        "path",
+        "value",
+        "from",
+        "metadata",
+        "name",
+        "labels",
+        "annotations",
+        "finalizers",
+        "ownerReferences",
+        "resourceVersion",
+        "spec",
+        "status",
+        "data",
+        "replicas",
+        "selector",
+        "containers",
+        "env",
+        "size",
+        "engine",
+        "limits",
+        "min",
+        "max",
+    ]
+) | st.text(max_size=6)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.sampled_from(["add", "remove", "replace", "move", "copy", "test", "/data", "/spec/size", "delete", "small"])
     | st.text(max_size=8),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(keys, children, max_size=4),
@@ -35,12 +64,19 @@ json_values = st.recursive(
 )
 # Bodies shaped roughly like objects, so that they reach the deeper validation code.
 widget_specs = st.dictionaries(
-    st.sampled_from(["size", "replicas", "port", "owner", "since", "code", "note", "limits", "engine", "extra",
-                     "tags", "bogus"]),
-    json_values, max_size=6)
+    st.sampled_from(
+        ["size", "replicas", "port", "owner", "since", "code", "note", "limits", "engine", "extra", "tags", "bogus"]
+    ),
+    json_values,
+    max_size=6,
+)
 pytestmark = pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")  # set by cel-python
 # KVTIER_FUZZ_EXAMPLES=5000 searches harder than the default run.
-FUZZ = settings(max_examples=int(os.environ.get("KVTIER_FUZZ_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=int(os.environ.get("KVTIER_FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 def cluster_with_widgets() -> Cluster:
@@ -100,8 +136,9 @@ def test_arbitrary_patches_fail_only_with_status_errors(patch, kind):
 @FUZZ
 @given(config=widget_specs, force=st.booleans())
 def test_arbitrary_applies_fail_only_with_status_errors(config, force):
-    body = json.dumps({"apiVersion": "test.kvtier.io/v1", "kind": "Widget", "metadata": {"name": "applied"},
-                       "spec": config}).encode()
+    body = json.dumps(
+        {"apiVersion": "test.kvtier.io/v1", "kind": "Widget", "metadata": {"name": "applied"}, "spec": config}
+    ).encode()
     attempt(CLUSTER.apply, WIDGETS, "default", "applied", body, WriteOptions(manager="fuzz", force=force))
 
 
@@ -119,44 +156,89 @@ def test_selectors_parse_or_fail_with_400(text):
 
 scalars = st.none() | st.booleans() | st.integers(-5, 5) | st.sampled_from(["", "a", "x@y.z", "2026-01-01T00:00:00Z"])
 schemas = st.recursive(
-    st.fixed_dictionaries({}, optional={
-        "type": st.sampled_from(["string", "integer", "number", "boolean", "object", "array"]) | json_values,
-        "format": st.sampled_from(["date-time", "email", "int32", "byte", "uuid", "bogus"]),
-        "enum": st.lists(scalars, max_size=3) | json_values, "default": json_values, "nullable": st.booleans(),
-        "pattern": st.sampled_from(["^a", "(", "[a-z]+", "a{2,1}"]) | json_values,
-        "minimum": st.integers(-3, 3) | json_values, "maxLength": st.integers(0, 3) | json_values,
-        "x-kubernetes-int-or-string": st.booleans(), "x-kubernetes-preserve-unknown-fields": st.booleans(),
-        "x-kubernetes-list-type": st.sampled_from(["set", "map", "atomic"]),
-        "x-kubernetes-list-map-keys": st.lists(keys, max_size=2) | json_values,
-        "required": st.lists(keys, max_size=2) | json_values,
-    }),
-    lambda children: st.fixed_dictionaries({"type": st.sampled_from(["object", "array"])}, optional={
-        "properties": st.dictionaries(keys, children, max_size=3) | json_values,
-        "additionalProperties": children | st.booleans(), "items": children | json_values,
-        "anyOf": st.lists(children, max_size=2), "allOf": st.lists(children, max_size=2),
-        "x-kubernetes-validations": st.lists(st.fixed_dictionaries(
-            {"rule": st.sampled_from(["self.a > 1", "self == oldSelf", "((", "has(self.spec)", "size(self) < 2"])},
-            optional={"message": st.text(max_size=5), "fieldPath": st.sampled_from([".a", "bogus"])}), max_size=2),
-    }),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "type": st.sampled_from(["string", "integer", "number", "boolean", "object", "array"]) | json_values,
+            "format": st.sampled_from(["date-time", "email", "int32", "byte", "uuid", "bogus"]),
+            "enum": st.lists(scalars, max_size=3) | json_values,
+            "default": json_values,
+            "nullable": st.booleans(),
+            "pattern": st.sampled_from(["^a", "(", "[a-z]+", "a{2,1}"]) | json_values,
+            "minimum": st.integers(-3, 3) | json_values,
+            "maxLength": st.integers(0, 3) | json_values,
+            "x-kubernetes-int-or-string": st.booleans(),
+            "x-kubernetes-preserve-unknown-fields": st.booleans(),
+            "x-kubernetes-list-type": st.sampled_from(["set", "map", "atomic"]),
+            "x-kubernetes-list-map-keys": st.lists(keys, max_size=2) | json_values,
+            "required": st.lists(keys, max_size=2) | json_values,
+        },
+    ),
+    lambda children: st.fixed_dictionaries(
+        {"type": st.sampled_from(["object", "array"])},
+        optional={
+            "properties": st.dictionaries(keys, children, max_size=3) | json_values,
+            "additionalProperties": children | st.booleans(),
+            "items": children | json_values,
+            "anyOf": st.lists(children, max_size=2),
+            "allOf": st.lists(children, max_size=2),
+            "x-kubernetes-validations": st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "rule": st.sampled_from(
+                            ["self.a > 1", "self == oldSelf", "((", "has(self.spec)", "size(self) < 2"]
+                        )
+                    },
+                    optional={"message": st.text(max_size=5), "fieldPath": st.sampled_from([".a", "bogus"])},
+                ),
+                max_size=2,
+            ),
+        },
+    ),
     max_leaves=12,
 )
-crd_specs = st.fixed_dictionaries({
-    "group": st.just("x.io"),
-    "scope": st.sampled_from(["Namespaced", "Cluster"]),
-    "names": st.just({"plural": "things", "kind": "Thing"}),
-    "versions": st.fixed_dictionaries({"name": st.just("v1"), "served": st.just(True), "storage": st.just(True)}, optional={
-        "subresources": st.fixed_dictionaries({}, optional={
-            "status": st.just({}), "scale": st.fixed_dictionaries({}, optional={
-                "specReplicasPath": st.sampled_from([".spec.replicas", ".spec", "spec..x"]) | json_values,
-                "statusReplicasPath": st.sampled_from([".status.replicas"]) | json_values,
-                "labelSelectorPath": st.sampled_from([".status.selector", ".spec"]) | json_values})}),
-        "schema": st.fixed_dictionaries({"openAPIV3Schema": schemas}),
-        "additionalPrinterColumns": st.lists(st.fixed_dictionaries({"name": st.text(max_size=4), "jsonPath": st.sampled_from(
-            [".spec.a", ".spec", "{.x[0]}", ".a['b']", "..", "["]) | json_values},
-            optional={"type": st.sampled_from(["string", "integer", "date", "number", "boolean"]) | json_values,
-                      "priority": st.integers(0, 1) | json_values}), max_size=2),
-    }).map(lambda v: [v]),
-})
+crd_specs = st.fixed_dictionaries(
+    {
+        "group": st.just("x.io"),
+        "scope": st.sampled_from(["Namespaced", "Cluster"]),
+        "names": st.just({"plural": "things", "kind": "Thing"}),
+        "versions": st.fixed_dictionaries(
+            {"name": st.just("v1"), "served": st.just(True), "storage": st.just(True)},
+            optional={
+                "subresources": st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "status": st.just({}),
+                        "scale": st.fixed_dictionaries(
+                            {},
+                            optional={
+                                "specReplicasPath": st.sampled_from([".spec.replicas", ".spec", "spec..x"])
+                                | json_values,
+                                "statusReplicasPath": st.sampled_from([".status.replicas"]) | json_values,
+                                "labelSelectorPath": st.sampled_from([".status.selector", ".spec"]) | json_values,
+                            },
+                        ),
+                    },
+                ),
+                "schema": st.fixed_dictionaries({"openAPIV3Schema": schemas}),
+                "additionalPrinterColumns": st.lists(
+                    st.fixed_dictionaries(
+                        {
+                            "name": st.text(max_size=4),
+                            "jsonPath": st.sampled_from([".spec.a", ".spec", "{.x[0]}", ".a['b']", "..", "["])
+                            | json_values,
+                        },
+                        optional={
+                            "type": st.sampled_from(["string", "integer", "date", "number", "boolean"]) | json_values,
+                            "priority": st.integers(0, 1) | json_values,
+                        },
+                    ),
+                    max_size=2,
+                ),
+            },
+        ).map(lambda v: [v]),
+    }
+)
 
 
 @FUZZ
@@ -186,31 +268,110 @@ def test_arbitrary_crds_fail_only_with_status_errors(spec, thing):
         LENIENT.collect_garbage()
 
 
-segments = st.sampled_from(["api", "apis", "v1", "apps", "namespaces", "default", "nope", "configmaps", "pods",
-                            "status", "scale", "statefulsets", "test.kvtier.io", "widgets", "w", "openapi", "v3",
-                            "version", "x", ""])
-real_paths = st.sampled_from([
-    "/api/v1/namespaces/default/configmaps", "/api/v1/namespaces/default/configmaps/x", "/api/v1/configmaps",
-    "/apis/test.kvtier.io/v1/namespaces/default/widgets", "/apis/test.kvtier.io/v1/namespaces/default/widgets/w",
-    "/apis/test.kvtier.io/v1/namespaces/default/widgets/w/status", "/apis/test.kvtier.io/v1/namespaces/default/widgets/w/scale",
-    "/apis/test.kvtier.io/v1/gadgets", "/apis/apps/v1/statefulsets", "/api/v1/namespaces", "/api/v1/namespaces/default",
-    "/api/v1/namespaces/default/status", "/openapi/v3/apis/apps/v1", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-])
+segments = st.sampled_from(
+    [
+        "api",
+        "apis",
+        "v1",
+        "apps",
+        "namespaces",
+        "default",
+        "nope",
+        "configmaps",
+        "pods",
+        "status",
+        "scale",
+        "statefulsets",
+        "test.kvtier.io",
+        "widgets",
+        "w",
+        "openapi",
+        "v3",
+        "version",
+        "x",
+        "",
+    ]
+)
+real_paths = st.sampled_from(
+    [
+        "/api/v1/namespaces/default/configmaps",
+        "/api/v1/namespaces/default/configmaps/x",
+        "/api/v1/configmaps",
+        "/apis/test.kvtier.io/v1/namespaces/default/widgets",
+        "/apis/test.kvtier.io/v1/namespaces/default/widgets/w",
+        "/apis/test.kvtier.io/v1/namespaces/default/widgets/w/status",
+        "/apis/test.kvtier.io/v1/namespaces/default/widgets/w/scale",
+        "/apis/test.kvtier.io/v1/gadgets",
+        "/apis/apps/v1/statefulsets",
+        "/api/v1/namespaces",
+        "/api/v1/namespaces/default",
+        "/api/v1/namespaces/default/status",
+        "/openapi/v3/apis/apps/v1",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+    ]
+)
 queries = st.dictionaries(
-    st.sampled_from(["labelSelector", "fieldSelector", "limit", "continue", "resourceVersion", "resourceVersionMatch",
-                     "watch", "timeoutSeconds", "fieldManager", "fieldValidation", "force", "dryRun",
-                     "propagationPolicy", "includeObject", "allowWatchBookmarks", "sendInitialEvents"]),
-    st.sampled_from(["", "0", "1", "-1", "abc", "true", "All", "Strict", "Exact", "a=b", "metadata.name=x", "!!",
-                     "Orphan", "Object", "3.5", "eyJ4Ijog"]),
-    max_size=4)
+    st.sampled_from(
+        [
+            "labelSelector",
+            "fieldSelector",
+            "limit",
+            "continue",
+            "resourceVersion",
+            "resourceVersionMatch",
+            "watch",
+            "timeoutSeconds",
+            "fieldManager",
+            "fieldValidation",
+            "force",
+            "dryRun",
+            "propagationPolicy",
+            "includeObject",
+            "allowWatchBookmarks",
+            "sendInitialEvents",
+        ]
+    ),
+    st.sampled_from(
+        [
+            "",
+            "0",
+            "1",
+            "-1",
+            "abc",
+            "true",
+            "All",
+            "Strict",
+            "Exact",
+            "a=b",
+            "metadata.name=x",
+            "!!",
+            "Orphan",
+            "Object",
+            "3.5",
+            "eyJ4Ijog",
+        ]
+    ),
+    max_size=4,
+)
 
 
 @settings(FUZZ, max_examples=4 * FUZZ.max_examples)  # a wide space: request shape x parameters x body
-@given(method=st.sampled_from(["GET", "GET", "GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
-       path=real_paths | st.lists(segments, max_size=7).map(lambda parts: "/" + "/".join(parts)),
-       query=queries, body=json_values,
-       content_type=st.sampled_from(["application/json", "application/merge-patch+json", "application/yaml",
-                                     "application/apply-patch+yaml", "application/json-patch+json", "text/plain"]))
+@given(
+    method=st.sampled_from(["GET", "GET", "GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
+    path=real_paths | st.lists(segments, max_size=7).map(lambda parts: "/" + "/".join(parts)),
+    query=queries,
+    body=json_values,
+    content_type=st.sampled_from(
+        [
+            "application/json",
+            "application/merge-patch+json",
+            "application/yaml",
+            "application/apply-patch+yaml",
+            "application/json-patch+json",
+            "text/plain",
+        ]
+    ),
+)
 def test_arbitrary_requests_never_fail_with_a_server_error(fuzz_api, method, path, query, body, content_type):
     api = fuzz_api
     if query.get("watch") in ("1", "true"):

@@ -51,8 +51,12 @@ def test_apply_and_get_with_printer_columns(kubectl, api, apiserver):
     install(kubectl)
     out = kubectl("apply", "-f", "-", stdin=WIDGET).stdout
     assert "widget.test.kvtier.io/w created" in out
-    api.ok("PATCH", "/apis/test.kvtier.io/v1/namespaces/default/widgets/w/status",
-           {"status": {"kv": {"hitRatio": {"total": 0.5}}}}, content_type=MERGE)
+    api.ok(
+        "PATCH",
+        "/apis/test.kvtier.io/v1/namespaces/default/widgets/w/status",
+        {"status": {"kv": {"hitRatio": {"total": 0.5}}}},
+        content_type=MERGE,
+    )
     lines = kubectl("get", "widgets").stdout.splitlines()
     assert lines[0].split() == ["NAME", "SIZE", "REPLICAS", "HIT", "AGE"]
     assert lines[1].split()[:4] == ["w", "large", "2", "0.5"]
@@ -74,8 +78,12 @@ def test_apply_rejects_invalid_resources_with_the_field(kubectl):
     assert bad.returncode != 0 and "spec.size" in bad.stderr and "Unsupported value" in bad.stderr
     unknown = kubectl("apply", "-f", "-", stdin=WIDGET.replace("replicas: 2", "replicas: 2\n  bogus: 1"), check=False)
     assert unknown.returncode != 0 and 'unknown field "spec.bogus"' in unknown.stderr
-    assert kubectl("apply", "--validate=false", "-f", "-",
-                   stdin=WIDGET.replace("replicas: 2", "replicas: 2\n  bogus: 1")).returncode == 0
+    assert (
+        kubectl(
+            "apply", "--validate=false", "-f", "-", stdin=WIDGET.replace("replicas: 2", "replicas: 2\n  bogus: 1")
+        ).returncode
+        == 0
+    )
 
 
 def test_scale(kubectl):
@@ -98,9 +106,16 @@ def test_patch_merge_json_and_strategic(kubectl):
     refused = kubectl("patch", "widget", "w", "-p", '{"spec":{"size":"medium"}}', check=False)  # strategic on a CR
     assert refused.returncode != 0
     kubectl("apply", "-f", "-", stdin=DEPLOYMENT)
-    kubectl("patch", "deployment", "web", "-p",
-            '{"spec":{"template":{"spec":{"containers":[{"name":"main","image":"main:2"}]}}}}')
-    containers = json.loads(kubectl("get", "deploy", "web", "-o", "json").stdout)["spec"]["template"]["spec"]["containers"]
+    kubectl(
+        "patch",
+        "deployment",
+        "web",
+        "-p",
+        '{"spec":{"template":{"spec":{"containers":[{"name":"main","image":"main:2"}]}}}}',
+    )
+    containers = json.loads(kubectl("get", "deploy", "web", "-o", "json").stdout)["spec"]["template"]["spec"][
+        "containers"
+    ]
     assert [(c["name"], c["image"]) for c in containers] == [("main", "main:2"), ("sidecar", "side:1")]
     assert containers[0]["env"] == [{"name": "A", "value": "1"}]
 
@@ -113,8 +128,12 @@ def test_delete_waits_for_finalizers(kubectl):
     kubectl("delete", "widget", "w", "--wait=false")
     got = json.loads(kubectl("get", "widget", "w", "-o", "json").stdout)
     assert got["metadata"]["deletionTimestamp"]
-    waiter = threading.Thread(target=lambda: (time.sleep(0.5), kubectl(
-        "patch", "widget", "w", "--type=merge", "-p", '{"metadata":{"finalizers":null}}')))
+    waiter = threading.Thread(
+        target=lambda: (
+            time.sleep(0.5),
+            kubectl("patch", "widget", "w", "--type=merge", "-p", '{"metadata":{"finalizers":null}}'),
+        )
+    )
     waiter.start()
     kubectl("wait", "--for=delete", "widget/w", "--timeout=10s")  # a watch that sees the DELETED event
     waiter.join()
@@ -156,20 +175,35 @@ def test_namespaces_and_builtins(kubectl):
     assert "configmap/settings" in lines and "deployment.apps/web" in lines
     kubectl("label", "-n", "team", "configmap", "settings", "tier=gold")
     assert kubectl("get", "cm", "-n", "team", "-l", "tier=gold", "-o", "name").stdout.strip() == "configmap/settings"
-    assert kubectl("get", "cm", "-A", "--field-selector", "metadata.name=settings", "-o", "name").stdout.strip() == \
-        "configmap/settings"
+    assert (
+        kubectl("get", "cm", "-A", "--field-selector", "metadata.name=settings", "-o", "name").stdout.strip()
+        == "configmap/settings"
+    )
     kubectl("delete", "namespace", "team", "--timeout=10s")
     assert kubectl("get", "namespace", "team", check=False).returncode != 0
 
 
 def test_builtin_columns(kubectl, api):
-    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "a", "image": "a"}, {"name": "b", "image": "b"}]}}
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "a", "image": "a"}, {"name": "b", "image": "b"}]},
+    }
     api.ok("POST", "/api/v1/namespaces/default/pods", pod)
-    api.ok("PATCH", "/api/v1/namespaces/default/pods/p/status", {"status": {
-        "phase": "Running", "podIP": "127.0.0.5",
-        "containerStatuses": [{"name": "a", "ready": True, "restartCount": 2, "image": "a", "imageID": "", "state": {}},
-                              {"name": "b", "ready": False, "restartCount": 1, "image": "b", "imageID": "", "state": {}}]}},
-           content_type=MERGE)
+    api.ok(
+        "PATCH",
+        "/api/v1/namespaces/default/pods/p/status",
+        {
+            "status": {
+                "phase": "Running",
+                "podIP": "127.0.0.5",
+                "containerStatuses": [
+                    {"name": "a", "ready": True, "restartCount": 2, "image": "a", "imageID": "", "state": {}},
+                    {"name": "b", "ready": False, "restartCount": 1, "image": "b", "imageID": "", "state": {}},
+                ],
+            }
+        },
+        content_type=MERGE,
+    )
     lines = kubectl("get", "pods", "-o", "wide").stdout.splitlines()
     assert lines[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE", "IP", "NODE"]
     assert lines[1].split()[:4] == ["p", "1/2", "Running", "3"] and lines[1].split()[5:] == ["127.0.0.5", "<none>"]
@@ -177,9 +211,18 @@ def test_builtin_columns(kubectl, api):
     lines = kubectl("get", "deployments").stdout.splitlines()
     assert lines[0].split() == ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]
     assert lines[1].split()[:4] == ["web", "0/1", "0", "0"]
-    api.ok("POST", "/api/v1/namespaces/default/events", {
-        "metadata": {"name": "web.1"}, "involvedObject": {"kind": "Deployment", "name": "web", "namespace": "default"},
-        "reason": "Rebalanced", "message": "moved 1Ti", "type": "Normal", "lastTimestamp": "2026-01-01T00:00:00Z"})
+    api.ok(
+        "POST",
+        "/api/v1/namespaces/default/events",
+        {
+            "metadata": {"name": "web.1"},
+            "involvedObject": {"kind": "Deployment", "name": "web", "namespace": "default"},
+            "reason": "Rebalanced",
+            "message": "moved 1Ti",
+            "type": "Normal",
+            "lastTimestamp": "2026-01-01T00:00:00Z",
+        },
+    )
     lines = kubectl("get", "events").stdout.splitlines()
     assert lines[0].split() == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
     assert lines[1].split()[1:] == ["Normal", "Rebalanced", "deployment/web", "moved", "1Ti"]

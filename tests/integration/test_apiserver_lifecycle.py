@@ -7,8 +7,13 @@ from apiserver_helpers import CONFIGMAPS, CRDS, MERGE, WatchStream, configmap, w
 
 
 def owner_ref(obj: dict, **extra) -> dict:
-    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
-            "uid": obj["metadata"]["uid"], **extra}
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        **extra,
+    }
 
 
 def exists(api, path: str) -> bool:
@@ -17,8 +22,9 @@ def exists(api, path: str) -> bool:
 
 def test_delete_without_finalizers_removes_and_notifies(api):
     created = api.ok("POST", CONFIGMAPS, configmap("a"))
-    stream = WatchStream(api, f"{CONFIGMAPS}?watch=true&resourceVersion={created['metadata']['resourceVersion']}"
-                              "&timeoutSeconds=5")
+    stream = WatchStream(
+        api, f"{CONFIGMAPS}?watch=true&resourceVersion={created['metadata']['resourceVersion']}&timeoutSeconds=5"
+    )
     deleted = api.ok("DELETE", f"{CONFIGMAPS}/a")
     assert deleted["metadata"]["name"] == "a"
     assert not exists(api, f"{CONFIGMAPS}/a")
@@ -54,13 +60,23 @@ def test_preconditions_on_delete(api):
 
 def test_background_garbage_collection_is_transitive(api, widgets):
     owner = api.ok("POST", widgets, widget("owner"))
-    child = api.ok("POST", CONFIGMAPS, {**configmap("child"), "metadata": {"name": "child",
-                                                                             "ownerReferences": [owner_ref(owner)]}})
-    api.ok("POST", CONFIGMAPS, {**configmap("grandchild"), "metadata": {"name": "grandchild",
-                                                                          "ownerReferences": [owner_ref(child)]}})
+    child = api.ok(
+        "POST", CONFIGMAPS, {**configmap("child"), "metadata": {"name": "child", "ownerReferences": [owner_ref(owner)]}}
+    )
+    api.ok(
+        "POST",
+        CONFIGMAPS,
+        {**configmap("grandchild"), "metadata": {"name": "grandchild", "ownerReferences": [owner_ref(child)]}},
+    )
     other = api.ok("POST", CONFIGMAPS, configmap("other-owner"))
-    api.ok("POST", CONFIGMAPS, {**configmap("shared"), "metadata": {"name": "shared", "ownerReferences": [
-        owner_ref(owner), owner_ref(other)]}})
+    api.ok(
+        "POST",
+        CONFIGMAPS,
+        {
+            **configmap("shared"),
+            "metadata": {"name": "shared", "ownerReferences": [owner_ref(owner), owner_ref(other)]},
+        },
+    )
     api.ok("DELETE", f"{widgets}/owner", {"propagationPolicy": "Background"})
     wait_for(lambda: not exists(api, f"{CONFIGMAPS}/child") and not exists(api, f"{CONFIGMAPS}/grandchild"))
     assert exists(api, f"{CONFIGMAPS}/shared")  # one owner is still alive
@@ -76,7 +92,9 @@ def test_dependents_of_a_missing_owner_are_collected(api):
 
 def test_dependent_finalizers_are_honoured_by_the_collector(api):
     owner = api.ok("POST", CONFIGMAPS, configmap("owner"))
-    api.ok("POST", CONFIGMAPS, {"metadata": {"name": "held", "finalizers": ["x/y"], "ownerReferences": [owner_ref(owner)]}})
+    api.ok(
+        "POST", CONFIGMAPS, {"metadata": {"name": "held", "finalizers": ["x/y"], "ownerReferences": [owner_ref(owner)]}}
+    )
     api.ok("DELETE", f"{CONFIGMAPS}/owner")
     wait_for(lambda: api.ok("GET", f"{CONFIGMAPS}/held")["metadata"].get("deletionTimestamp"))
     api.ok("PATCH", f"{CONFIGMAPS}/held", {"metadata": {"finalizers": []}}, content_type=MERGE)
@@ -94,8 +112,17 @@ def test_orphan_propagation_keeps_dependents(api):
 
 def test_foreground_propagation_deletes_dependents_first(api):
     owner = api.ok("POST", CONFIGMAPS, configmap("owner"))
-    api.ok("POST", CONFIGMAPS, {"metadata": {"name": "dep", "finalizers": ["x/y"],
-                                             "ownerReferences": [owner_ref(owner, blockOwnerDeletion=True)]}})
+    api.ok(
+        "POST",
+        CONFIGMAPS,
+        {
+            "metadata": {
+                "name": "dep",
+                "finalizers": ["x/y"],
+                "ownerReferences": [owner_ref(owner, blockOwnerDeletion=True)],
+            }
+        },
+    )
     marked = api.ok("DELETE", f"{CONFIGMAPS}/owner", {"propagationPolicy": "Foreground"})
     assert "foregroundDeletion" in marked["metadata"]["finalizers"]
     wait_for(lambda: api.ok("GET", f"{CONFIGMAPS}/dep")["metadata"].get("deletionTimestamp"))

@@ -12,28 +12,41 @@ STATEFULSETS = "/apis/apps/v1/namespaces/default/statefulsets"
 
 def deployment(name: str = "web") -> dict:
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {"name": name, "labels": {"app": name}, "finalizers": ["a.example.com/x"]},
         "spec": {
             "replicas": 2,
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [
-                    {"name": "main", "image": "main:1", "args": ["--a", "--b"],
-                     "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
-                     "ports": [{"containerPort": 80, "name": "http"}]},
-                    {"name": "sidecar", "image": "side:1"},
-                ]},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "main:1",
+                            "args": ["--a", "--b"],
+                            "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
+                            "ports": [{"containerPort": 80, "name": "http"}],
+                        },
+                        {"name": "sidecar", "image": "side:1"},
+                    ]
+                },
             },
         },
     }
 
 
 def test_json_merge_patch(api):
-    api.ok("POST", CONFIGMAPS, {"metadata": {"name": "a", "labels": {"x": "1", "y": "2"}}, "data": {"k": "v", "d": "x"}})
-    patched = api.ok("PATCH", f"{CONFIGMAPS}/a", {"metadata": {"labels": {"y": None, "z": "3"}}, "data": {"d": None}},
-                     content_type=MERGE)
+    api.ok(
+        "POST", CONFIGMAPS, {"metadata": {"name": "a", "labels": {"x": "1", "y": "2"}}, "data": {"k": "v", "d": "x"}}
+    )
+    patched = api.ok(
+        "PATCH",
+        f"{CONFIGMAPS}/a",
+        {"metadata": {"labels": {"y": None, "z": "3"}}, "data": {"d": None}},
+        content_type=MERGE,
+    )
     assert patched["metadata"]["labels"] == {"x": "1", "z": "3"} and patched["data"] == {"k": "v"}
     assert api.patch(f"{CONFIGMAPS}/missing", {"data": {}})[0] == 404
 
@@ -54,8 +67,11 @@ def test_json_patch(api):
     assert patched["data"] == {"one": "uno", "tres": "3", "drei": "3"}
     assert patched["metadata"]["labels"] == {"a/b": "c", "a/c": "d"}
     before = patched["metadata"]["resourceVersion"]
-    status, body, _ = api.patch(f"{CONFIGMAPS}/a", json.dumps([{"op": "test", "path": "/data/one", "value": "1"},
-                                                              {"op": "remove", "path": "/data/tres"}]), JSON_PATCH)
+    status, body, _ = api.patch(
+        f"{CONFIGMAPS}/a",
+        json.dumps([{"op": "test", "path": "/data/one", "value": "1"}, {"op": "remove", "path": "/data/tres"}]),
+        JSON_PATCH,
+    )
     assert status == 422 and body["kind"] == "Status"
     assert api.ok("GET", f"{CONFIGMAPS}/a")["metadata"]["resourceVersion"] == before
     assert api.patch(f"{CONFIGMAPS}/a", json.dumps([{"op": "remove", "path": "/data/nope"}]), JSON_PATCH)[0] == 422
@@ -65,11 +81,25 @@ def test_strategic_merge_patch_merges_keyed_lists(api):
     api.ok("POST", DEPLOYMENTS, deployment())
     patch = {
         "metadata": {"finalizers": ["b.example.com/y"]},
-        "spec": {"template": {"spec": {"containers": [
-            {"name": "main", "image": "main:2", "args": ["--c"],
-             "env": [{"name": "B", "value": "two"}, {"name": "C", "value": "3"}, {"name": "A", "$patch": "delete"}]},
-            {"name": "new", "image": "new:1"},
-        ]}}},
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "main:2",
+                            "args": ["--c"],
+                            "env": [
+                                {"name": "B", "value": "two"},
+                                {"name": "C", "value": "3"},
+                                {"name": "A", "$patch": "delete"},
+                            ],
+                        },
+                        {"name": "new", "image": "new:1"},
+                    ]
+                }
+            }
+        },
     }
     patched = api.ok("PATCH", f"{DEPLOYMENTS}/web", patch, content_type=STRATEGIC)
     containers = patched["spec"]["template"]["spec"]["containers"]
@@ -81,18 +111,32 @@ def test_strategic_merge_patch_merges_keyed_lists(api):
     assert {"name": "sidecar", "image": "side:1"}.items() <= containers[1].items()
     assert patched["metadata"]["finalizers"] == ["a.example.com/x", "b.example.com/y"]
     assert patched["metadata"]["generation"] == 2
-    replaced = api.ok("PATCH", f"{DEPLOYMENTS}/web", {"spec": {"template": {"spec": {"containers": [
-        {"name": "only", "image": "o:1"}, {"$patch": "replace"}]}}}}, content_type=STRATEGIC)
+    replaced = api.ok(
+        "PATCH",
+        f"{DEPLOYMENTS}/web",
+        {"spec": {"template": {"spec": {"containers": [{"name": "only", "image": "o:1"}, {"$patch": "replace"}]}}}},
+        content_type=STRATEGIC,
+    )
     assert [c["name"] for c in replaced["spec"]["template"]["spec"]["containers"]] == ["only"]
-    deleted = api.ok("PATCH", f"{DEPLOYMENTS}/web", {"spec": {"strategy": {"$patch": "delete"}}}, content_type=STRATEGIC)
+    deleted = api.ok(
+        "PATCH", f"{DEPLOYMENTS}/web", {"spec": {"strategy": {"$patch": "delete"}}}, content_type=STRATEGIC
+    )
     assert deleted["spec"]["strategy"]["type"] == "RollingUpdate"  # removed, then defaulted again like the real server
     cm = api.ok("POST", CONFIGMAPS, {"metadata": {"name": "smp", "labels": {"a": "b"}}})
-    cleared = api.ok("PATCH", f"{CONFIGMAPS}/smp", {"metadata": {"labels": {"$patch": "delete"}}}, content_type=STRATEGIC)
+    cleared = api.ok(
+        "PATCH", f"{CONFIGMAPS}/smp", {"metadata": {"labels": {"$patch": "delete"}}}, content_type=STRATEGIC
+    )
     assert "labels" not in cleared["metadata"] and cm["metadata"]["labels"] == {"a": "b"}
     # kubectl apply's directives are accepted.
-    api.ok("PATCH", f"{DEPLOYMENTS}/web", {"$setElementOrder/finalizers": ["a.example.com/x"],
-                                           "metadata": {"$deleteFromPrimitiveList/finalizers": ["b.example.com/y"]}},
-           content_type=STRATEGIC)
+    api.ok(
+        "PATCH",
+        f"{DEPLOYMENTS}/web",
+        {
+            "$setElementOrder/finalizers": ["a.example.com/x"],
+            "metadata": {"$deleteFromPrimitiveList/finalizers": ["b.example.com/y"]},
+        },
+        content_type=STRATEGIC,
+    )
     assert api.ok("GET", f"{DEPLOYMENTS}/web")["metadata"]["finalizers"] == ["a.example.com/x"]
 
 
@@ -107,8 +151,12 @@ def _managers(obj: dict) -> dict[str, str]:
 
 
 def test_server_side_apply_creates_updates_and_removes_fields(api, widgets):
-    config = {"apiVersion": "test.kvtier.io/v1", "kind": "Widget", "metadata": {"name": "w", "labels": {"a": "1"}},
-              "spec": {"size": "small", "code": "abc", "engine": {"env": [{"name": "A", "value": "1"}]}}}
+    config = {
+        "apiVersion": "test.kvtier.io/v1",
+        "kind": "Widget",
+        "metadata": {"name": "w", "labels": {"a": "1"}},
+        "spec": {"size": "small", "code": "abc", "engine": {"env": [{"name": "A", "value": "1"}]}},
+    }
     status, created, _ = api.patch(f"{widgets}/w?fieldManager=alice", json.dumps(config), APPLY)
     assert status == 201 and created["spec"]["code"] == "abc" and created["spec"]["replicas"] == 1  # defaulted
     assert _managers(created) == {"alice": "Apply"}
@@ -117,8 +165,12 @@ def test_server_side_apply_creates_updates_and_removes_fields(api, widgets):
     assert 'k:{"name":"A"}' in fields["f:spec"]["f:engine"]["f:env"]
 
     # Another manager adds an env entry (list-type map: merged by key) and a label.
-    bob = {"apiVersion": "test.kvtier.io/v1", "kind": "Widget", "metadata": {"name": "w", "labels": {"b": "2"}},
-           "spec": {"size": "small", "engine": {"env": [{"name": "B", "value": "2"}]}}}
+    bob = {
+        "apiVersion": "test.kvtier.io/v1",
+        "kind": "Widget",
+        "metadata": {"name": "w", "labels": {"b": "2"}},
+        "spec": {"size": "small", "engine": {"env": [{"name": "B", "value": "2"}]}},
+    }
     merged = api.ok("PATCH", f"{widgets}/w?fieldManager=bob", json.dumps(bob), content_type=APPLY)
     assert [e["name"] for e in merged["spec"]["engine"]["env"]] == ["A", "B"]
     assert merged["metadata"]["labels"] == {"a": "1", "b": "2"}
@@ -145,8 +197,9 @@ def test_server_side_apply_conflicts_and_force(api):
     assert apply("bob", {"shared": "s"})[0] == 200  # same value: shared ownership, no conflict
     status, body, _ = apply("bob", {"k": "2"})
     assert status == 409 and body["reason"] == "Conflict"
-    assert body["details"]["causes"] == [{"reason": "FieldManagerConflict", "message": 'conflict with "alice"',
-                                          "field": ".data.k"}]
+    assert body["details"]["causes"] == [
+        {"reason": "FieldManagerConflict", "message": 'conflict with "alice"', "field": ".data.k"}
+    ]
     assert api.ok("GET", f"{CONFIGMAPS}/c")["data"]["k"] == "1"
     status, forced, _ = apply("bob", {"k": "2"}, force=True)
     assert status == 200 and forced["data"]["k"] == "2"
@@ -155,17 +208,23 @@ def test_server_side_apply_conflicts_and_force(api):
     # An update by another manager (merge patch) takes the field; alice re-applying a different value conflicts.
     api.ok("PATCH", f"{CONFIGMAPS}/c?fieldManager=editor", {"data": {"shared": "edited"}}, content_type=MERGE)
     status, body, _ = apply("alice", {"k": "1", "shared": "s"})
-    assert status == 409 and {c["message"] for c in body["details"]["causes"]} == {'conflict with "bob"', 'conflict with "editor"'}
+    assert status == 409 and {c["message"] for c in body["details"]["causes"]} == {
+        'conflict with "bob"',
+        'conflict with "editor"',
+    }
     # Apply requires a field manager.
-    status, body, _ = api.patch(f"{CONFIGMAPS}/c", json.dumps({"apiVersion": "v1", "kind": "ConfigMap",
-                                                               "metadata": {"name": "c"}}), APPLY)
+    status, body, _ = api.patch(
+        f"{CONFIGMAPS}/c", json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}), APPLY
+    )
     assert status == 422 and "fieldManager" in body["message"]
 
 
 def test_status_subresource(api, widgets):
     created = api.ok("POST", widgets, {**widget("w"), "status": {"phase": "Bogus"}})
     assert "status" not in created  # create ignores status when the kind has a status subresource
-    with_status = api.ok("PUT", f"{widgets}/w/status", {**created, "spec": {"size": "large"}, "status": {"phase": "Ready"}})
+    with_status = api.ok(
+        "PUT", f"{widgets}/w/status", {**created, "spec": {"size": "large"}, "status": {"phase": "Ready"}}
+    )
     assert with_status["status"] == {"phase": "Ready"} and with_status["spec"]["size"] == "small"
     main = api.ok("PUT", f"{widgets}/w", {**with_status, "spec": {"size": "medium"}, "status": {"phase": "Hacked"}})
     assert main["status"] == {"phase": "Ready"} and main["spec"]["size"] == "medium"
@@ -195,12 +254,23 @@ def test_scale_subresource_of_custom_resource(api, widgets):
 
 
 def test_scale_subresource_of_statefulset(api):
-    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db"},
-           "spec": {"replicas": 1, "serviceName": "db",
-                    "selector": {"matchLabels": {"app": "db"},
-                                 "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]},
-                    "template": {"metadata": {"labels": {"app": "db", "tier": "a"}},
-                                 "spec": {"containers": [{"name": "db", "image": "db:1"}]}}}}
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "db"},
+        "spec": {
+            "replicas": 1,
+            "serviceName": "db",
+            "selector": {
+                "matchLabels": {"app": "db"},
+                "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}],
+            },
+            "template": {
+                "metadata": {"labels": {"app": "db", "tier": "a"}},
+                "spec": {"containers": [{"name": "db", "image": "db:1"}]},
+            },
+        },
+    }
     api.ok("POST", STATEFULSETS, sts)
     scale = api.ok("GET", f"{STATEFULSETS}/db/scale")
     assert scale["spec"]["replicas"] == 1 and scale["status"]["selector"] == "app=db,tier in (a,b)"

@@ -28,15 +28,26 @@ EVERYTHING = {
     "dashboard": {"enabled": True, "namespace": "monitoring"},
     "metrics": {"source": "prometheus", "prometheusUrl": "http://prometheus.monitoring:9090", "scrapeInterval": 30},
     "peering": {"enabled": True, "priority": 10},
-    "engines": {"podMonitor": True, "simulated": True, "lmcacheImage": "lmcache/vllm-openai:v0.5.6",
-                "wipeImage": "registry.example/tools:wipe"},
+    "engines": {
+        "podMonitor": True,
+        "simulated": True,
+        "lmcacheImage": "lmcache/vllm-openai:v0.5.6",
+        "wipeImage": "registry.example/tools:wipe",
+    },
     "image": {"repository": "registry.example/kvtier", "tag": "dev", "pullPolicy": "Always"},
     "imagePullSecrets": [{"name": "regcred"}],
     "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
     "nodeSelector": {"kubernetes.io/os": "linux"},
     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "control", "effect": "NoSchedule"}],
-    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"}]}]}}},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"}]}
+                ]
+            }
+        }
+    },
     "priorityClassName": "system-cluster-critical",
     "podAnnotations": {"example.com/team": "ml"},
 }
@@ -64,8 +75,14 @@ def test_helm_lint_passes_with_default_and_other_values(tmp_path):
 def test_every_rendered_object_is_valid(values):
     objects = template(VALUES[values], "--include-crds")
     kinds = {o["kind"] for o in objects}
-    assert {"CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service",
-            "Deployment"} <= kinds
+    assert {
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Service",
+        "Deployment",
+    } <= kinds
     for obj in objects:
         if obj["kind"] in CUSTOM_KINDS:
             continue
@@ -73,8 +90,10 @@ def test_every_rendered_object_is_valid(values):
             try:
                 kubernetes_validate.validate(obj, version, strict=True)
             except kubernetes_validate.ValidationError as error:
-                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} on Kubernetes {version}: {error.message} "
-                            f"at {'.'.join(map(str, error.path))}")
+                pytest.fail(
+                    f"{obj['kind']}/{obj['metadata']['name']} on Kubernetes {version}: {error.message} "
+                    f"at {'.'.join(map(str, error.path))}"
+                )
 
 
 def test_every_object_is_in_the_release_namespace_or_cluster_scoped():
@@ -162,7 +181,9 @@ def test_metrics_service_and_service_monitor_point_at_the_operator():
 def test_the_dashboard_config_map_carries_the_dashboard():
     config_map = one(template(EVERYTHING), "ConfigMap")
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert json.loads(config_map["data"]["kvtier.json"]) == json.loads((CHART / "dashboards" / "kvtier.json").read_text())
+    assert json.loads(config_map["data"]["kvtier.json"]) == json.loads(
+        (CHART / "dashboards" / "kvtier.json").read_text()
+    )
 
 
 def test_peering_objects_match_the_scope():
@@ -173,10 +194,17 @@ def test_peering_objects_match_the_scope():
     namespaced = template(EVERYTHING)
     assert sorted(o["metadata"]["namespace"] for o in namespaced if o["kind"] == "KopfPeering") == ["ml-dev", "ml-prod"]
     for role in watched_namespace_roles(namespaced):
-        assert {("list", "kopf.dev", "kopfpeerings"), ("watch", "kopf.dev", "kopfpeerings")} <= rule_triples(role["rules"])
-    crds = {doc["spec"]["names"]["kind"]: doc for doc in yaml.safe_load_all((CHART / "crds" / "kopf.dev_peerings.yaml").read_text())}
-    assert {kind: crd["spec"]["scope"] for kind, crd in crds.items()} == {"ClusterKopfPeering": "Cluster",
-                                                                          "KopfPeering": "Namespaced"}
+        assert {("list", "kopf.dev", "kopfpeerings"), ("watch", "kopf.dev", "kopfpeerings")} <= rule_triples(
+            role["rules"]
+        )
+    crds = {
+        doc["spec"]["names"]["kind"]: doc
+        for doc in yaml.safe_load_all((CHART / "crds" / "kopf.dev_peerings.yaml").read_text())
+    }
+    assert {kind: crd["spec"]["scope"] for kind, crd in crds.items()} == {
+        "ClusterKopfPeering": "Cluster",
+        "KopfPeering": "Namespaced",
+    }
 
 
 def watched_namespace_roles(objects):
@@ -188,7 +216,9 @@ def test_the_operator_namespace_role_covers_only_volume_wipes():
     for values in VALUES.values():
         objects = template(values)
         role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("-reclaim"))
-        binding = next(o for o in objects if o["kind"] == "RoleBinding" and o["metadata"]["name"] == role["metadata"]["name"])
+        binding = next(
+            o for o in objects if o["kind"] == "RoleBinding" and o["metadata"]["name"] == role["metadata"]["name"]
+        )
         assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == NAMESPACE
         assert {resource for _, _, resource in rule_triples(role["rules"])} == {"jobs", "persistentvolumeclaims"}
         env = {e["name"]: e for e in operator_container(objects)["env"]}
@@ -201,21 +231,33 @@ def test_watching_namespaces_moves_namespaced_permissions_into_roles():
     cluster = rule_triples(one(objects, "ClusterRole")["rules"])
     roles = watched_namespace_roles(objects)
     bindings = [o for o in objects if o["kind"] == "RoleBinding" and not o["metadata"]["name"].endswith("-reclaim")]
-    assert sorted(r["metadata"]["namespace"] for r in roles) == sorted(b["metadata"]["namespace"] for b in bindings) \
+    assert (
+        sorted(r["metadata"]["namespace"] for r in roles)
+        == sorted(b["metadata"]["namespace"] for b in bindings)
         == ["ml-dev", "ml-prod"]
+    )
     namespaced = rule_triples(roles[0]["rules"])
     assert all(rule_triples(r["rules"]) == namespaced for r in roles)
     # The same permissions as cluster-wide, plus listing/watching namespaces (kopf follows the named ones) ...
     assert cluster | namespaced == default | {("list", "", "namespaces"), ("watch", "", "namespaces")}
     # ... and nothing namespaced left in the ClusterRole.
-    cluster_scoped = {"customresourcedefinitions", "nodes", "kvpools", "kvpools/status", "persistentvolumes",
-                      "storageclasses", "namespaces"}
+    cluster_scoped = {
+        "customresourcedefinitions",
+        "nodes",
+        "kvpools",
+        "kvpools/status",
+        "persistentvolumes",
+        "storageclasses",
+        "namespaces",
+    }
     # ... but Events, which a KVPool's go to `default` whatever namespaces are watched.
     assert {resource for _, _, resource in cluster} == cluster_scoped | {"events"}
     assert not {resource for _, _, resource in namespaced} & (cluster_scoped | {"events"})
     container = operator_container(objects)
-    assert [a for a in container["args"] if a.startswith("--namespace=")] == ["--namespace=ml-prod",
-                                                                              "--namespace=ml-dev"]
+    assert [a for a in container["args"] if a.startswith("--namespace=")] == [
+        "--namespace=ml-prod",
+        "--namespace=ml-dev",
+    ]
 
 
 def test_rbac_has_no_wildcards_and_no_versioned_groups():
@@ -227,14 +269,17 @@ def test_rbac_has_no_wildcards_and_no_versioned_groups():
                 assert not any("/" in group for group in rule["apiGroups"]), rule
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"metrics": {"source": "graphite"}}, "/metrics/source"),
-    ({"metrics": {"source": "prometheus"}}, "prometheusUrl"),
-    ({"watchNamespaces": ["Not_A_Namespace"]}, "watchNamespaces"),
-    ({"replicas": 2}, "replicas"),
-    ({"image": {"repository": ""}}, "/image/repository"),
-    ({"resyncSeconds": 0}, "resyncSeconds"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"metrics": {"source": "graphite"}}, "/metrics/source"),
+        ({"metrics": {"source": "prometheus"}}, "prometheusUrl"),
+        ({"watchNamespaces": ["Not_A_Namespace"]}, "watchNamespaces"),
+        ({"replicas": 2}, "replicas"),
+        ({"image": {"repository": ""}}, "/image/repository"),
+        ({"resyncSeconds": 0}, "resyncSeconds"),
+    ],
+)
 def test_the_values_schema_refuses_bad_values(tmp_path, values, message):
     path = tmp_path / "values.yaml"
     path.write_text(json.dumps(values))
@@ -252,12 +297,16 @@ def test_the_chart_crds_are_the_generated_ones():
 
 
 def test_install_yaml_and_every_generated_file_is_current():
-    result = subprocess.run([str(REPO_ROOT / "hack" / "generate.sh"), "--check"], capture_output=True, text=True,
-                            timeout=120, cwd=REPO_ROOT)
+    result = subprocess.run(
+        [str(REPO_ROOT / "hack" / "generate.sh"), "--check"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT
+    )
     assert result.returncode == 0, result.stderr
     install = [doc for doc in yaml.safe_load_all((REPO_ROOT / "manifests" / "install.yaml").read_text()) if doc]
-    assert install[0] == {"apiVersion": "v1", "kind": "Namespace",
-                          "metadata": {"name": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "kvtier"}}}
+    assert install[0] == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "kvtier"}},
+    }
     rendered = template(None, "--include-crds")
     assert install[1:] == rendered
 

@@ -20,8 +20,13 @@ NO_GO = "/usr/bin:/bin"  # no Go toolchain there
 
 
 def script(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
-                          env={"PATH": NO_GO, "HOME": str(tmp_path), "KVTIER_CACHE": str(tmp_path / "cache")})
+    return subprocess.run(
+        [str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": NO_GO, "HOME": str(tmp_path), "KVTIER_CACHE": str(tmp_path / "cache")},
+    )
 
 
 def test_without_go_the_build_says_what_is_missing(tmp_path):
@@ -57,11 +62,27 @@ def test_the_harness_serves_kubectl_and_leaves_nothing_behind(real):
         directory = plane.directory
         pids = list(plane.components.values())
         assert sorted(plane.components) == sorted(COMPONENTS)
-        nodes = subprocess.run([str(KUBECTL), "--kubeconfig", str(plane.kubeconfig), "get", "--raw", "/readyz"],
-                               capture_output=True, text=True, timeout=30)
+        nodes = subprocess.run(
+            [str(KUBECTL), "--kubeconfig", str(plane.kubeconfig), "get", "--raw", "/readyz"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert nodes.stdout.strip() == "ok", nodes.stderr
-        whoami = subprocess.run([str(KUBECTL), "--kubeconfig", str(plane.kubeconfig), "auth", "whoami", "-o",
-                                 "jsonpath={.status.userInfo.groups}"], capture_output=True, text=True, timeout=30)
+        whoami = subprocess.run(
+            [
+                str(KUBECTL),
+                "--kubeconfig",
+                str(plane.kubeconfig),
+                "auth",
+                "whoami",
+                "-o",
+                "jsonpath={.status.userInfo.groups}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert "system:masters" in whoami.stdout, whoami.stderr
     finally:
         plane.stop()

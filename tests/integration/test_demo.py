@@ -16,7 +16,9 @@ def test_demo_runs_to_the_end_shows_quotas_moving_and_writes_summary_and_plot(tm
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, "-m", "kvtier", "demo", "--duration", "15", "--no-live", "--out", str(out)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
@@ -42,8 +44,9 @@ def test_demo_runs_to_the_end_shows_quotas_moving_and_writes_summary_and_plot(tm
 
 
 def test_demo_fails_clearly_when_the_replicas_are_never_ready(tmp_path):
-    result = CliRunner().invoke(main, ["demo", "--duration", "5", "--ready-timeout", "1", "--no-live",
-                                       "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        main, ["demo", "--duration", "5", "--ready-timeout", "1", "--no-live", "--out", str(tmp_path)]
+    )
     assert result.exit_code == 1, result.output
     assert "error: the demo's replicas were not all Ready within 1s:" in result.output
     assert "chat" in result.output and f"logs: {tmp_path / 'operator.log'}" in result.output
@@ -53,8 +56,12 @@ def test_demo_fails_clearly_when_the_replicas_are_never_ready(tmp_path):
 def test_demo_exits_143_on_sigterm_and_130_on_ctrl_c(tmp_path):
     for signum, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
         out = tmp_path / str(code)
-        process = subprocess.Popen([sys.executable, "-m", "kvtier", "demo", "--no-live", "--out", str(out)],
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "kvtier", "demo", "--no-live", "--out", str(out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         lines = []
         try:
             while not lines or "starting the embedded cluster" not in lines[-1]:  # its signal handlers are in place

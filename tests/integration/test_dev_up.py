@@ -15,8 +15,13 @@ from tests.conftest import EXAMPLES, grounds, wait_for
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
 #: What `dev up` tells the user to type: kubectl from PATH, else the one beside the interpreter.
-KUBECTL_SHOWN = "kubectl" if shutil.which("kubectl") else os.path.relpath(KUBECTL) if KUBECTL.is_relative_to(
-    Path.cwd()) else str(KUBECTL)
+KUBECTL_SHOWN = (
+    "kubectl"
+    if shutil.which("kubectl")
+    else os.path.relpath(KUBECTL)
+    if KUBECTL.is_relative_to(Path.cwd())
+    else str(KUBECTL)
+)
 
 
 @pytest.mark.parametrize("control_plane", ["embedded", "real"])
@@ -25,9 +30,24 @@ def test_dev_up_serves_kubectl_runs_the_operator_and_stops_on_ctrl_c(tmp_path, c
         pytest.skip(f"the {control_plane} ground is not selected (--ground)")
     kubeconfig = tmp_path / "kubeconfig"
     process = subprocess.Popen(
-        [sys.executable, "-m", "kvtier", "dev", "up", "--kubeconfig", str(kubeconfig), "--nodes", "2",
-         "--resync-seconds", "1", "--control-plane", control_plane],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "kvtier",
+            "dev",
+            "up",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--nodes",
+            "2",
+            "--resync-seconds",
+            "1",
+            "--control-plane",
+            control_plane,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         wait_for(kubeconfig.exists, timeout=120, message="the kubeconfig")
@@ -39,8 +59,11 @@ def test_dev_up_serves_kubectl_runs_the_operator_and_stops_on_ctrl_c(tmp_path, c
             assert result.returncode == 0, result.stderr
             return result.stdout
 
-        wait_for(lambda: subprocess.run([*kubectl, "get", "kvp,infd"], capture_output=True, env=env).returncode == 0,
-                 timeout=60, message="kvtier's APIs served")
+        wait_for(
+            lambda: subprocess.run([*kubectl, "get", "kvp,infd"], capture_output=True, env=env).returncode == 0,
+            timeout=60,
+            message="kvtier's APIs served",
+        )
         run("apply", "-f", str(EXAMPLES))
         listed = run("get", "kvp,infd", "-A")
         assert "CAPACITY" in listed and "fx100-a" in listed and "90Ti" in listed
@@ -50,6 +73,7 @@ def test_dev_up_serves_kubectl_runs_the_operator_and_stops_on_ctrl_c(tmp_path, c
         def ready():
             status = json.loads(run("get", "infd", "coder-480b", "-o", "json")).get("status", {})
             return status.get("readyReplicas") == 2 and status
+
         status = wait_for(ready, timeout=90, interval=0.5, message="coder-480b's 2 replicas to be ready")
         assert status["kv"]["storage"]["quota"] == "4Ti"
         assert "AllReplicasReady" in run("get", "infd", "coder-480b")
@@ -68,7 +92,9 @@ def test_dev_up_exits_143_on_sigterm_and_removes_its_kubeconfig(tmp_path):
     kubeconfig = tmp_path / "kubeconfig"
     process = subprocess.Popen(
         [sys.executable, "-m", "kvtier", "dev", "up", "--kubeconfig", str(kubeconfig), "--nodes", "1", "--no-operator"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     lines = []
     try:

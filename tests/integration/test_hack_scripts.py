@@ -30,8 +30,14 @@ def test_scripts_are_strict_and_shellcheck_clean(script):
 
 
 def run_kind_e2e(tmp_path, **env):
-    return subprocess.run([str(KIND_E2E)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
-                          env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env})
+    return subprocess.run(
+        [str(KIND_E2E)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), **env},
+    )
 
 
 def _executable(path: Path, text: str) -> Path:

@@ -15,8 +15,13 @@ from kvtier.testing.cluster import EmbeddedCluster
 from kvtier.testing.engines import stub_engine
 from tests.conftest import EXAMPLES
 
-RESOURCES = {"ConfigMap": CONFIGMAPS, "Service": SERVICES, "StatefulSet": STATEFULSETS,
-             "PodDisruptionBudget": PODDISRUPTIONBUDGETS, "PersistentVolume": PERSISTENT_VOLUMES}
+RESOURCES = {
+    "ConfigMap": CONFIGMAPS,
+    "Service": SERVICES,
+    "StatefulSet": STATEFULSETS,
+    "PodDisruptionBudget": PODDISRUPTIONBUDGETS,
+    "PersistentVolume": PERSISTENT_VOLUMES,
+}
 
 
 async def containers_ready_pod(kube, timeout=30.0):
@@ -44,8 +49,9 @@ async def test_the_example_replica_serves_engine_lmcache_and_probe_metrics(tmp_p
         async with aiohttp.ClientSession() as http:
             async with http.put(f"http://{address}:8080/quota/_default", json={"limit_gb": 100}) as reply:
                 assert reply.status == 200
-            async with http.post(f"http://{address}:8000/v1/completions",
-                                 json={"prompt": " ".join(map(str, range(600)))}) as reply:
+            async with http.post(
+                f"http://{address}:8000/v1/completions", json={"prompt": " ".join(map(str, range(600)))}
+            ) as reply:
                 assert reply.status == 200
             for port in (8000, 8080, 9400):  # LMCache serves /metrics on its HTTP port
                 async with http.get(f"http://{address}:{port}/metrics") as reply:

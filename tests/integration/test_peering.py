@@ -28,10 +28,13 @@ async def test_the_operator_joins_the_charts_cluster_peering():
     async with EmbeddedCluster() as cluster:
         for crd in yaml.safe_load_all((CHART / "crds" / "kopf.dev_peerings.yaml").read_text()):
             await cluster.kube.create(CUSTOMRESOURCEDEFINITIONS, crd)
-        await cluster.kube.create(CLUSTER_PEERINGS, {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
-                                                     "metadata": {"name": "kvtier"}})
-        cluster.operator = OperatorConfig(kubeconfig=cluster.kubeconfig, resync_seconds=1.0, peering="kvtier",
-                                          priority=5)
+        await cluster.kube.create(
+            CLUSTER_PEERINGS,
+            {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "kvtier"}},
+        )
+        cluster.operator = OperatorConfig(
+            kubeconfig=cluster.kubeconfig, resync_seconds=1.0, peering="kvtier", priority=5
+        )
         await cluster.start_operator()
 
         async def peers():
@@ -42,9 +45,15 @@ async def test_the_operator_joins_the_charts_cluster_peering():
         (entry,) = status.values()
         assert entry["priority"] == 5
         # Still the only operator: it serves KVPools as usual.
-        await cluster.kube.create(KVPOOLS, {"apiVersion": "kvtier.io/v1alpha1", "kind": "KVPool",
-                                            "metadata": {"name": "peered"},
-                                            "spec": {"capacity": "1Ti", "storage": {"hostPath": {"path": "/x"}}}})
+        await cluster.kube.create(
+            KVPOOLS,
+            {
+                "apiVersion": "kvtier.io/v1alpha1",
+                "kind": "KVPool",
+                "metadata": {"name": "peered"},
+                "spec": {"capacity": "1Ti", "storage": {"hostPath": {"path": "/x"}}},
+            },
+        )
 
         async def served():
             pool = await cluster.kube.get(KVPOOLS, None, "peered")

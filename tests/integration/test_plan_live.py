@@ -36,8 +36,15 @@ def interpolate(per_replica):
 
 
 async def kvtier_plan(*args):
-    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "kvtier", "plan", *map(str, args),
-                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kvtier",
+        "plan",
+        *map(str, args),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await process.communicate()
     return process.returncode, out.decode(), err.decode()
 
@@ -52,10 +59,18 @@ async def test_live_plan_reads_pools_and_the_published_curves():
         await cluster.kube.create(KVPOOLS, pool)
         for body in (deployment, silent):
             await cluster.kube.create(INFERENCEDEPLOYMENTS, body, namespace=namespace)
-        status = {"kv": {"promptTokensPerSecond": 40000.0, "demand": {
-            "unit": "bytes", "points": [{"capacity": capacity, "hitRatio": ratio} for capacity, ratio in POINTS]}}}
-        await cluster.kube.patch(INFERENCEDEPLOYMENTS, namespace, deployment["metadata"]["name"], {"status": status},
-                                 subresource="status")
+        status = {
+            "kv": {
+                "promptTokensPerSecond": 40000.0,
+                "demand": {
+                    "unit": "bytes",
+                    "points": [{"capacity": capacity, "hitRatio": ratio} for capacity, ratio in POINTS],
+                },
+            }
+        }
+        await cluster.kube.patch(
+            INFERENCEDEPLOYMENTS, namespace, deployment["metadata"]["name"], {"status": status}, subresource="status"
+        )
         code, out, err = await kvtier_plan("--kubeconfig", cluster.kubeconfig, "--json", "--target-hit-ratio", "0.25")
         table_code, table, _ = await kvtier_plan("--kubeconfig", cluster.kubeconfig, "--pool", pool["metadata"]["name"])
         missing_code, _, missing_err = await kvtier_plan("--kubeconfig", cluster.kubeconfig, "--pool", "nope")

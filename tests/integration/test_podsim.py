@@ -34,8 +34,10 @@ def statefulset(namespace, name="web", replicas=2, *, gpus=1, gates=(), claim_cl
         "image": "vllm/vllm-openai:v0.33.0",
         "ports": [{"containerPort": 8000, "name": "http"}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
-        "resources": {"requests": {"cpu": "4", "memory": "64Gi", "nvidia.com/gpu": str(gpus)},
-                      "limits": {"nvidia.com/gpu": str(gpus)}},
+        "resources": {
+            "requests": {"cpu": "4", "memory": "64Gi", "nvidia.com/gpu": str(gpus)},
+            "limits": {"nvidia.com/gpu": str(gpus)},
+        },
     }
     body = {
         "apiVersion": "apps/v1",
@@ -53,18 +55,29 @@ def statefulset(namespace, name="web", replicas=2, *, gpus=1, gates=(), claim_cl
         },
     }
     if claim_class is not None:
-        body["spec"]["volumeClaimTemplates"] = [{
-            "metadata": {"name": "kv-store"},
-            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": claim_class, "volumeMode": "Block",
-                     "resources": {"requests": {"storage": "1Ti"}}},
-        }]
+        body["spec"]["volumeClaimTemplates"] = [
+            {
+                "metadata": {"name": "kv-store"},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": claim_class,
+                    "volumeMode": "Block",
+                    "resources": {"requests": {"storage": "1Ti"}},
+                },
+            }
+        ]
     return body
 
 
 @pytest.fixture
 def storage_class(cluster):
-    body = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "fast"},
-            "provisioner": "csi.example.com", "reclaimPolicy": "Delete"}
+    body = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": "fast"},
+        "provisioner": "csi.example.com",
+        "reclaimPolicy": "Delete",
+    }
     if cluster.run(cluster.kube.get_or_none(STORAGECLASSES, None, "fast")) is None:
         cluster.run(cluster.kube.create(STORAGECLASSES, body))
 
@@ -102,22 +115,34 @@ def test_statefulset_pods_get_claims_volumes_addresses_and_readiness(cluster, na
             return reply.status
 
     assert cluster.run(health(pod["status"]["podIP"])) == 200
-    sts = wait_for(lambda: cluster.run(cluster.kube.get(STATEFULSETS, namespace, "web")).get("status", {})
-                   .get("readyReplicas") == 2 and cluster.run(cluster.kube.get(STATEFULSETS, namespace, "web")))
+    sts = wait_for(
+        lambda: (
+            cluster.run(cluster.kube.get(STATEFULSETS, namespace, "web")).get("status", {}).get("readyReplicas") == 2
+            and cluster.run(cluster.kube.get(STATEFULSETS, namespace, "web"))
+        )
+    )
     assert sts["status"]["replicas"] == 2
 
 
 def test_readiness_gate_holds_a_pod_until_its_condition_is_true(cluster, namespace, storage_class):
     gate = "kvtier.io/kv-quota-applied"
     cluster.run(cluster.kube.create(STATEFULSETS, statefulset(namespace, replicas=1, gates=[gate])))
-    pod = wait_for(lambda: pods(cluster, namespace).get("web-0", {}).get("status", {}).get("containerStatuses")
-                   and pods(cluster, namespace)["web-0"], message="a running pod")
+    pod = wait_for(
+        lambda: (
+            pods(cluster, namespace).get("web-0", {}).get("status", {}).get("containerStatuses")
+            and pods(cluster, namespace)["web-0"]
+        ),
+        message="a running pod",
+    )
     assert wait_for(lambda: all(s["ready"] for s in pods(cluster, namespace)["web-0"]["status"]["containerStatuses"]))
     assert not is_ready(pods(cluster, namespace)["web-0"])
     conditions = pods(cluster, namespace)["web-0"]["status"]["conditions"]
     patched = [*conditions, {"type": gate, "status": "True", "lastTransitionTime": conditions[0]["lastTransitionTime"]}]
-    cluster.run(cluster.kube.patch(PODS, namespace, pod["metadata"]["name"], {"status": {"conditions": patched}},
-                                   subresource="status"))
+    cluster.run(
+        cluster.kube.patch(
+            PODS, namespace, pod["metadata"]["name"], {"status": {"conditions": patched}}, subresource="status"
+        )
+    )
     wait_for(lambda: ready_pods(cluster, namespace) == ["web-0"], message="the gate to open")
     assert any(c["type"] == gate for c in pods(cluster, namespace)["web-0"]["status"]["conditions"])
 
@@ -126,8 +151,15 @@ def test_a_deleted_pod_comes_back_with_its_volume(cluster, namespace, storage_cl
     cluster.run(cluster.kube.create(STATEFULSETS, statefulset(namespace, replicas=1)))
     first = wait_for(lambda: ready_pods(cluster, namespace) == ["web-0"] and pods(cluster, namespace)["web-0"])
     cluster.run(cluster.kube.delete(PODS, namespace, "web-0"))
-    again = wait_for(lambda: (p := pods(cluster, namespace).get("web-0")) and is_ready(p)
-                     and p["metadata"]["uid"] != first["metadata"]["uid"] and p, message="web-0 to return")
+    again = wait_for(
+        lambda: (
+            (p := pods(cluster, namespace).get("web-0"))
+            and is_ready(p)
+            and p["metadata"]["uid"] != first["metadata"]["uid"]
+            and p
+        ),
+        message="web-0 to return",
+    )
     claims = cluster.run(cluster.kube.list(PERSISTENT_VOLUME_CLAIMS, namespace))["items"]
     assert [c["metadata"]["uid"] for c in claims] == [c["metadata"]["uid"] for c in claims[:1]]  # one claim, reused
     assert again["spec"]["volumes"] == first["spec"]["volumes"]
@@ -138,16 +170,22 @@ def test_template_change_rolls_one_pod_at_a_time(cluster, namespace, storage_cla
     cluster.run(cluster.kube.create(STATEFULSETS, body))
     wait_for(lambda: len(ready_pods(cluster, namespace)) == 3, message="3 ready pods")
     old_uids = {p["metadata"]["uid"] for p in pods(cluster, namespace).values()}
-    cluster.run(cluster.kube.patch(STATEFULSETS, namespace, "web",
-                                   {"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}}))
+    cluster.run(
+        cluster.kube.patch(
+            STATEFULSETS, namespace, "web", {"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}}
+        )
+    )
     fewest_ready = 3
 
     def rolled():
         nonlocal fewest_ready
         current = pods(cluster, namespace)
         fewest_ready = min(fewest_ready, sum(is_ready(p) for p in current.values()))
-        return (len(current) == 3 and all(is_ready(p) for p in current.values())
-                and not old_uids & {p["metadata"]["uid"] for p in current.values()})
+        return (
+            len(current) == 3
+            and all(is_ready(p) for p in current.values())
+            and not old_uids & {p["metadata"]["uid"] for p in current.values()}
+        )
 
     wait_for(rolled, timeout=30, interval=0.02, message="every pod replaced")
     assert fewest_ready >= 2, "more than one pod was down at once"
@@ -179,67 +217,143 @@ def test_pod_that_fits_no_node_stays_pending_with_the_reason(cluster, namespace,
 
 def test_static_volume_binds_by_claim_ref_and_unbound_claims_hold_the_pod(cluster, namespace):
     static = {
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"static-{namespace}"},
-        "spec": {"capacity": {"storage": "2Ti"}, "accessModes": ["ReadWriteOnce"], "volumeMode": "Block",
-                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
-                 "claimRef": {"namespace": namespace, "name": "kv-store-web-0"},
-                 "csi": {"driver": "csi.nvmf.com", "volumeHandle": "5b0c8d4e-0f1a-4c2b-9d3e-000000000000"}},
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"static-{namespace}"},
+        "spec": {
+            "capacity": {"storage": "2Ti"},
+            "accessModes": ["ReadWriteOnce"],
+            "volumeMode": "Block",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "claimRef": {"namespace": namespace, "name": "kv-store-web-0"},
+            "csi": {"driver": "csi.nvmf.com", "volumeHandle": "5b0c8d4e-0f1a-4c2b-9d3e-000000000000"},
+        },
     }
     cluster.run(cluster.kube.create(PERSISTENT_VOLUMES, static))
     cluster.run(cluster.kube.create(STATEFULSETS, statefulset(namespace, replicas=2, claim_class="")))
     wait_for(lambda: ready_pods(cluster, namespace) == ["web-0"], message="web-0 on the static volume")
     claim = cluster.run(cluster.kube.get(PERSISTENT_VOLUME_CLAIMS, namespace, "kv-store-web-0"))
     assert claim["spec"]["volumeName"] == f"static-{namespace}"
-    web1 = wait_for(lambda: (c := next((c for c in pods(cluster, namespace)["web-1"]["status"].get("conditions", [])
-                                        if c["type"] == "PodScheduled"), None)) and c)
+    web1 = wait_for(
+        lambda: (
+            (
+                c := next(
+                    (
+                        c
+                        for c in pods(cluster, namespace)["web-1"]["status"].get("conditions", [])
+                        if c["type"] == "PodScheduled"
+                    ),
+                    None,
+                )
+            )
+            and c
+        )
+    )
     assert web1["status"] == "False" and "unbound" in web1["message"]
     cluster.run(cluster.kube.delete(STATEFULSETS, namespace, "web"))
     cluster.run(cluster.kube.delete(PERSISTENT_VOLUME_CLAIMS, namespace, "kv-store-web-0"))
-    wait_for(lambda: cluster.run(cluster.kube.get(PERSISTENT_VOLUMES, None, f"static-{namespace}"))
-             .get("status", {}).get("phase") == "Released", message="the Retain volume to be Released")
+    wait_for(
+        lambda: (
+            cluster.run(cluster.kube.get(PERSISTENT_VOLUMES, None, f"static-{namespace}"))
+            .get("status", {})
+            .get("phase")
+            == "Released"
+        ),
+        message="the Retain volume to be Released",
+    )
     cluster.run(cluster.kube.delete(PERSISTENT_VOLUMES, None, f"static-{namespace}"))
 
 
 def test_deployment_pods_roll_new_before_old(cluster, namespace):
     body = statefulset(namespace, name="api", replicas=2, claim_class=None)
-    body = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": copy.deepcopy(body["metadata"]),
-            "spec": {k: v for k, v in body["spec"].items() if k in ("replicas", "selector", "template")}}
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": copy.deepcopy(body["metadata"]),
+        "spec": {k: v for k, v in body["spec"].items() if k in ("replicas", "selector", "template")},
+    }
     cluster.run(cluster.kube.create(DEPLOYMENTS, body))
     wait_for(lambda: len(ready_pods(cluster, namespace)) == 2, message="2 deployment pods")
     old = set(pods(cluster, namespace))
-    cluster.run(cluster.kube.patch(DEPLOYMENTS, namespace, "api",
-                                   {"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}}))
-    wait_for(lambda: len(ready_pods(cluster, namespace)) == 2 and not old & set(pods(cluster, namespace)),
-             message="the new revision to replace the old")
+    cluster.run(
+        cluster.kube.patch(
+            DEPLOYMENTS, namespace, "api", {"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}}
+        )
+    )
+    wait_for(
+        lambda: len(ready_pods(cluster, namespace)) == 2 and not old & set(pods(cluster, namespace)),
+        message="the new revision to replace the old",
+    )
     status = cluster.run(cluster.kube.get(DEPLOYMENTS, namespace, "api"))["status"]
     assert status["readyReplicas"] == 2 and status["updatedReplicas"] == 2
 
 
 def test_an_expanded_claim_gets_its_volume_and_capacity_grown(cluster, namespace):
     if cluster.run(cluster.kube.get_or_none(STORAGECLASSES, None, "expandable")) is None:
-        cluster.run(cluster.kube.create(STORAGECLASSES, {
-            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "expandable"},
-            "provisioner": "csi.example.com", "reclaimPolicy": "Delete", "allowVolumeExpansion": True}))
+        cluster.run(
+            cluster.kube.create(
+                STORAGECLASSES,
+                {
+                    "apiVersion": "storage.k8s.io/v1",
+                    "kind": "StorageClass",
+                    "metadata": {"name": "expandable"},
+                    "provisioner": "csi.example.com",
+                    "reclaimPolicy": "Delete",
+                    "allowVolumeExpansion": True,
+                },
+            )
+        )
     cluster.run(cluster.kube.create(STATEFULSETS, statefulset(namespace, replicas=1, claim_class="expandable")))
     wait_for(lambda: ready_pods(cluster, namespace) == ["web-0"], message="web-0 ready")
-    cluster.run(cluster.kube.patch(PERSISTENT_VOLUME_CLAIMS, namespace, "kv-store-web-0",
-                                   {"spec": {"resources": {"requests": {"storage": "2Ti"}}}}))
-    claim = wait_for(lambda: (c := cluster.run(cluster.kube.get(PERSISTENT_VOLUME_CLAIMS, namespace, "kv-store-web-0")))
-                     ["status"]["capacity"]["storage"] == "2Ti" and c, message="the claim's capacity to grow")
+    cluster.run(
+        cluster.kube.patch(
+            PERSISTENT_VOLUME_CLAIMS,
+            namespace,
+            "kv-store-web-0",
+            {"spec": {"resources": {"requests": {"storage": "2Ti"}}}},
+        )
+    )
+    claim = wait_for(
+        lambda: (
+            (c := cluster.run(cluster.kube.get(PERSISTENT_VOLUME_CLAIMS, namespace, "kv-store-web-0")))["status"][
+                "capacity"
+            ]["storage"]
+            == "2Ti"
+            and c
+        ),
+        message="the claim's capacity to grow",
+    )
     volume = cluster.run(cluster.kube.get(PERSISTENT_VOLUMES, None, claim["spec"]["volumeName"]))
     assert volume["spec"]["capacity"]["storage"] == "2Ti"
 
 
 def job(namespace, name, backoff_limit=1):
-    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"backoffLimit": backoff_limit, "template": {"metadata": {}, "spec": {
-                "restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox", "command": ["true"]}]}}}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "backoffLimit": backoff_limit,
+            "template": {
+                "metadata": {},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "main", "image": "busybox", "command": ["true"]}],
+                },
+            },
+        },
+    }
 
 
 def test_a_job_runs_one_pod_to_completion(cluster, namespace):
     cluster.run(cluster.kube.create(JOBS, job(namespace, "once")))
-    done = wait_for(lambda: (j := cluster.run(cluster.kube.get(JOBS, namespace, "once"))).get("status", {})
-                    .get("succeeded") == 1 and j, message="the Job to succeed")
+    done = wait_for(
+        lambda: (
+            (j := cluster.run(cluster.kube.get(JOBS, namespace, "once"))).get("status", {}).get("succeeded") == 1 and j
+        ),
+        message="the Job to succeed",
+    )
     assert [c["type"] for c in done["status"]["conditions"]] == ["SuccessCriteriaMet", "Complete"]
     [pod] = pods(cluster, namespace).values()
     assert pod["status"]["phase"] == "Succeeded" and pod["metadata"]["labels"]["job-name"] == "once"
@@ -251,8 +365,13 @@ def test_a_failing_job_retries_until_its_backoff_limit(cluster, namespace):
     simulator.exit_code = lambda pod: 1 if pod["metadata"]["namespace"] == namespace else 0
     try:
         cluster.run(cluster.kube.create(JOBS, job(namespace, "doomed", backoff_limit=1)))
-        failed = wait_for(lambda: (j := cluster.run(cluster.kube.get(JOBS, namespace, "doomed"))).get("status", {})
-                          .get("conditions") and j, message="the Job to fail")
+        failed = wait_for(
+            lambda: (
+                (j := cluster.run(cluster.kube.get(JOBS, namespace, "doomed"))).get("status", {}).get("conditions")
+                and j
+            ),
+            message="the Job to fail",
+        )
     finally:
         simulator.exit_code = lambda pod: 0
     assert failed["status"]["failed"] == 2 and failed["status"]["conditions"][-1]["reason"] == "BackoffLimitExceeded"

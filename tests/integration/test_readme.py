@@ -48,8 +48,14 @@ def test_the_try_your_own_manifests_session_runs_as_written(tmp_path):
     up, *session = _commands(_section("Try your own manifests"))
     assert up.startswith(".venv/bin/kvtier dev up")
     env = {**os.environ, "HOME": str(tmp_path), "KUBECACHEDIR": str(tmp_path / "kubecache")}
-    process = subprocess.Popen(shlex.split(up) + ["--nodes", "2"], cwd=tmp_path, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        shlex.split(up) + ["--nodes", "2"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     try:
         while not lines or "Ctrl-C stops the cluster" not in lines[-1]:
@@ -58,8 +64,9 @@ def test_the_try_your_own_manifests_session_runs_as_written(tmp_path):
         assert (tmp_path / ".kvtier" / "kubeconfig").exists()
         outputs = {}
         for command in session:
-            result = subprocess.run(shlex.split(command), cwd=tmp_path, env=env, capture_output=True, text=True,
-                                    timeout=60)
+            result = subprocess.run(
+                shlex.split(command), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+            )
             assert result.returncode == 0, f"{command}:\n{result.stdout}{result.stderr}"
             outputs[command] = result.stdout
         text = "\n".join(outputs.values())

@@ -49,8 +49,12 @@ def server_paths(kubectl: Callable[..., subprocess.CompletedProcess[str]], path:
 
 def validate_paths() -> dict[str, list[str]]:
     """Field paths `kvtier validate` reports, by file name (one run over the whole corpus)."""
-    result = subprocess.run([sys.executable, "-m", "kvtier", "validate", "-f", str(CORPUS)], capture_output=True,
-                            text=True, errors="backslashreplace")
+    result = subprocess.run(
+        [sys.executable, "-m", "kvtier", "validate", "-f", str(CORPUS)],
+        capture_output=True,
+        text=True,
+        errors="backslashreplace",
+    )
     assert "Traceback" not in result.stderr, result.stderr
     found: dict[str, list[str]] = collections.defaultdict(list)
     for line in result.stdout.splitlines():
@@ -65,12 +69,21 @@ def kubectl(tmp_path_factory):
         kubeconfig = server.write_kubeconfig(tmp_path_factory.mktemp("agree") / "kubeconfig")
 
         def run(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([str(KUBECTL), "--kubeconfig", str(kubeconfig), *args], capture_output=True,
-                                  text=True, timeout=60)
+            return subprocess.run(
+                [str(KUBECTL), "--kubeconfig", str(kubeconfig), *args], capture_output=True, text=True, timeout=60
+            )
 
         assert run("apply", "-f", str(REPO / "crds")).returncode == 0
-        assert run("wait", "--for=condition=Established", "crd/kvpools.kvtier.io",
-                   "crd/inferencedeployments.kvtier.io", "--timeout=10s").returncode == 0
+        assert (
+            run(
+                "wait",
+                "--for=condition=Established",
+                "crd/kvpools.kvtier.io",
+                "crd/inferencedeployments.kvtier.io",
+                "--timeout=10s",
+            ).returncode
+            == 0
+        )
         yield run
 
 
@@ -82,15 +95,28 @@ def validated():
 def test_the_corpus_covers_the_reported_disagreements():
     names = {path.stem for path in FILES}
     assert len(FILES) >= 70
-    assert {"name-unicode", "name-underscore", "name-trailing-dash", "name-empty-label", "name-nul",
-            "min-gain-2-pow-63", "max-step-underflow", "accepted-min-gain-underflow", "capacity-overflow",
-            "kvcache-omitted-with-other-errors", "storage-min-above-max", "memory-negative"} <= names
+    assert {
+        "name-unicode",
+        "name-underscore",
+        "name-trailing-dash",
+        "name-empty-label",
+        "name-nul",
+        "min-gain-2-pow-63",
+        "max-step-underflow",
+        "accepted-min-gain-underflow",
+        "capacity-overflow",
+        "kvcache-omitted-with-other-errors",
+        "storage-min-above-max",
+        "memory-negative",
+    } <= names
 
 
 @pytest.mark.parametrize("path", FILES, ids=[path.stem for path in FILES])
 def test_validate_names_the_same_fields_as_the_server(kubectl, validated, path):
     server = server_paths(kubectl, path)
-    assert validated.get(path.name, []) == server, f"{path.name}: validate {validated.get(path.name)} != server {server}"
+    assert validated.get(path.name, []) == server, (
+        f"{path.name}: validate {validated.get(path.name)} != server {server}"
+    )
     header = path.read_text().splitlines()[0]
     if path.stem.startswith("accepted-"):
         assert server == [], f"{path.name} should be accepted"
@@ -103,4 +129,6 @@ def test_validate_names_the_same_fields_as_the_server(kubectl, validated, path):
 def test_no_python_repr_reaches_a_message(kubectl):
     result = kubectl("apply", "--dry-run=server", "--validate=false", "-f", str(CORPUS / "capacity-overflow.yaml"))
     assert "is out of range for a Kubernetes quantity" in result.stderr
-    assert "<class" not in result.stderr and "Error'" not in result.stderr and "', <" not in result.stderr, result.stderr
+    assert "<class" not in result.stderr and "Error'" not in result.stderr and "', <" not in result.stderr, (
+        result.stderr
+    )

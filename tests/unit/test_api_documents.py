@@ -5,18 +5,31 @@ import pytest
 from kvtier.api.documents import load_all
 
 
-@pytest.mark.parametrize(("text", "value"), [
-    ("1e-400", 0),                      # PyYAML: the string "1e-400"; go-yaml: 0.0, sent as 0
-    ("1e3", 1000),                      # PyYAML: a string
-    ("1.0", 1),                         # json.Marshal(1.0) is "1": an integer to the server
-    ("1.5", 1.5),
-    ("9223372036854775807", 2**63 - 1),
-    ("9223372036854775808", 9.223372036854776e18),  # beyond int64: a float64 to the server
-    ("1" + "0" * 400, "1" + "0" * 400),  # beyond float64: go-yaml keeps the string
-    ("1e400", "1e400"),
-    ("0x1F", 31), ("0o17", 15), ("017", 15), ("09", 9), ("-0b101", -5), ("1_024", 1024),
-    ("y", True), ("off", False), ("~", None), ("'1e3'", "1e3"), ("12Gi", "12Gi"), (".inf", ".inf"),
-])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1e-400", 0),  # PyYAML: the string "1e-400"; go-yaml: 0.0, sent as 0
+        ("1e3", 1000),  # PyYAML: a string
+        ("1.0", 1),  # json.Marshal(1.0) is "1": an integer to the server
+        ("1.5", 1.5),
+        ("9223372036854775807", 2**63 - 1),
+        ("9223372036854775808", 9.223372036854776e18),  # beyond int64: a float64 to the server
+        ("1" + "0" * 400, "1" + "0" * 400),  # beyond float64: go-yaml keeps the string
+        ("1e400", "1e400"),
+        ("0x1F", 31),
+        ("0o17", 15),
+        ("017", 15),
+        ("09", 9),
+        ("-0b101", -5),
+        ("1_024", 1024),
+        ("y", True),
+        ("off", False),
+        ("~", None),
+        ("'1e3'", "1e3"),
+        ("12Gi", "12Gi"),
+        (".inf", ".inf"),
+    ],
+)
 def test_scalars_as_kubectl_sends_them(text, value):
     [document] = load_all(f"v: {text}\n")
     assert document["v"] == value and type(document["v"]) is type(value)

@@ -55,31 +55,74 @@ CASES = [
     ("capacity-bad-suffix", with_(POOL, spec__capacity="90TB"), "spec.capacity", True),
     ("two-backends", with_(POOL, spec__storage__csi={"storageClassName": "x"}), "spec.storage", True),
     ("no-backend", with_(POOL, spec__storage={}), "spec.storage", True),
-    ("auth-without-hostnqn", with_(POOL, spec__storage__nvmeof__hostNQN=_DELETE,
-                                   spec__storage__nvmeof__auth={"secretRef": {"name": "k", "namespace": "kvtier"}}),
-     "spec.storage.nvmeof.hostNQN", True),
+    (
+        "auth-without-hostnqn",
+        with_(
+            POOL,
+            spec__storage__nvmeof__hostNQN=_DELETE,
+            spec__storage__nvmeof__auth={"secretRef": {"name": "k", "namespace": "kvtier"}},
+        ),
+        "spec.storage.nvmeof.hostNQN",
+        True,
+    ),
     ("interval-zero", with_(POOL, spec__rebalance__interval="0s"), "spec.rebalance.interval", True),
-    ("bad-nqn", with_(POOL, **{"spec.storage.nvmeof.namespaces[0].nqn": "iqn.2024-06.com.example:x"}),
-     "spec.storage.nvmeof.namespaces[0].nqn", False),
-    ("bad-host-nqn", with_(POOL, spec__storage__nvmeof__hostNQN="nqn.2014-13.org.nvmexpress:x"),
-     "spec.storage.nvmeof.hostNQN", False),
-    ("bad-uuid", with_(POOL, **{"spec.storage.nvmeof.namespaces[0].uuid": "5b0c8d4e-zzzz"}),
-     "spec.storage.nvmeof.namespaces[0].uuid", False),
-    ("duplicate-uuid", with_(POOL, **{"spec.storage.nvmeof.namespaces[1].uuid": "5b0c8d4e-0f1a-4c2b-9d3e-000000000000"}),
-     "spec.storage.nvmeof.namespaces[1].uuid", False),
-    ("namespace-size-negative", with_(POOL, **{"spec.storage.nvmeof.namespaces[0].size": -1}),
-     "spec.storage.nvmeof.namespaces[0].size", True),
+    (
+        "bad-nqn",
+        with_(POOL, **{"spec.storage.nvmeof.namespaces[0].nqn": "iqn.2024-06.com.example:x"}),
+        "spec.storage.nvmeof.namespaces[0].nqn",
+        False,
+    ),
+    (
+        "bad-host-nqn",
+        with_(POOL, spec__storage__nvmeof__hostNQN="nqn.2014-13.org.nvmexpress:x"),
+        "spec.storage.nvmeof.hostNQN",
+        False,
+    ),
+    (
+        "bad-uuid",
+        with_(POOL, **{"spec.storage.nvmeof.namespaces[0].uuid": "5b0c8d4e-zzzz"}),
+        "spec.storage.nvmeof.namespaces[0].uuid",
+        False,
+    ),
+    (
+        "duplicate-uuid",
+        with_(POOL, **{"spec.storage.nvmeof.namespaces[1].uuid": "5b0c8d4e-0f1a-4c2b-9d3e-000000000000"}),
+        "spec.storage.nvmeof.namespaces[1].uuid",
+        False,
+    ),
+    (
+        "namespace-size-negative",
+        with_(POOL, **{"spec.storage.nvmeof.namespaces[0].size": -1}),
+        "spec.storage.nvmeof.namespaces[0].size",
+        True,
+    ),
     ("transport-fc", with_(POOL, spec__storage__nvmeof__transport="fc"), "spec.storage.nvmeof.transport", False),
     ("no-targets", with_(POOL, spec__storage__nvmeof__targets=[]), "spec.storage.nvmeof.targets", False),
-    ("port-out-of-range", with_(POOL, **{"spec.storage.nvmeof.targets[0].port": 70000}),
-     "spec.storage.nvmeof.targets[0].port", False),
-    ("queue-size-tiny", with_(POOL, spec__storage__nvmeof__connect={"queueSize": 2}),
-     "spec.storage.nvmeof.connect.queueSize", False),
-    ("hostpath-relative", with_(CSI_POOL, spec__storage={"hostPath": {"path": "var/kv"}}),
-     "spec.storage.hostPath.path", False),
+    (
+        "port-out-of-range",
+        with_(POOL, **{"spec.storage.nvmeof.targets[0].port": 70000}),
+        "spec.storage.nvmeof.targets[0].port",
+        False,
+    ),
+    (
+        "queue-size-tiny",
+        with_(POOL, spec__storage__nvmeof__connect={"queueSize": 2}),
+        "spec.storage.nvmeof.connect.queueSize",
+        False,
+    ),
+    (
+        "hostpath-relative",
+        with_(CSI_POOL, spec__storage={"hostPath": {"path": "var/kv"}}),
+        "spec.storage.hostPath.path",
+        False,
+    ),
     ("volume-mode-raw", with_(CSI_POOL, spec__storage__csi__volumeMode="Raw"), "spec.storage.csi.volumeMode", False),
-    ("storage-class-uppercase", with_(CSI_POOL, spec__storage__csi__storageClassName="Fast"),
-     "spec.storage.csi.storageClassName", False),
+    (
+        "storage-class-uppercase",
+        with_(CSI_POOL, spec__storage__csi__storageClassName="Fast"),
+        "spec.storage.csi.storageClassName",
+        False,
+    ),
     ("policy-unknown", with_(POOL, spec__rebalance__policy="Greedy"), "spec.rebalance.policy", False),
     ("interval-without-unit", with_(POOL, spec__rebalance__interval="60"), "spec.rebalance.interval", False),
     ("max-step-zero", with_(POOL, spec__rebalance__maxStep=0), "spec.rebalance.maxStep", False),
@@ -95,20 +138,39 @@ CASES = [
     ("gmu-above-one", with_(INFD, spec__engine__gpuMemoryUtilization=1.2), "spec.engine.gpuMemoryUtilization", False),
     ("replicas-negative", with_(INFD, spec__replicas=-1), "spec.replicas", False),
     ("args-port", with_(INFD, spec__engine__args=["--enforce-eager", "--port=9000"]), "spec.engine.args[1]", True),
-    ("args-tp-underscore", with_(INFD, spec__engine__args=["--tensor_parallel_size", "4"]),
-     "spec.engine.args[0]", True),
+    (
+        "args-tp-underscore",
+        with_(INFD, spec__engine__args=["--tensor_parallel_size", "4"]),
+        "spec.engine.args[0]",
+        True,
+    ),
     ("args-tp-short", with_(INFD, spec__engine__args=["-tp=4"]), "spec.engine.args[0]", True),
     ("args-tp-one-string", with_(INFD, spec__engine__args=["--tensor-parallel-size 4"]), "spec.engine.args[0]", True),
     ("args-kv-transfer", with_(INFD, spec__engine__args=["--kv-transfer-config", "{}"]), "spec.engine.args[0]", True),
     ("args-kv-offloading", with_(INFD, spec__engine__args=["--kv-offloading-size=100"]), "spec.engine.args[0]", True),
-    ("env-hash-seed", with_(INFD, spec__engine__env=[{"name": "PYTHONHASHSEED", "value": "1"}]),
-     "spec.engine.env[0].name", True),
-    ("env-lmcache-in-process", with_(INFD, spec__kvCache__mode="LMCacheInProcess",
-                                     spec__engine__env=[{"name": "LMCACHE_LOCAL_DISK", "value": "True"}]),
-     "spec.engine.env[0].name", True),
+    (
+        "env-hash-seed",
+        with_(INFD, spec__engine__env=[{"name": "PYTHONHASHSEED", "value": "1"}]),
+        "spec.engine.env[0].name",
+        True,
+    ),
+    (
+        "env-lmcache-in-process",
+        with_(
+            INFD,
+            spec__kvCache__mode="LMCacheInProcess",
+            spec__engine__env=[{"name": "LMCACHE_LOCAL_DISK", "value": "True"}],
+        ),
+        "spec.engine.env[0].name",
+        True,
+    ),
     ("mode-none-with-cpu", _mode_none(spec__kvCache__cpu={"size": "10Gi"}), "spec.kvCache.cpu", True),
-    ("mode-none-with-storage", _mode_none(spec__kvCache__storage={"poolRef": "p", "request": "1Ti"}),
-     "spec.kvCache.storage", True),
+    (
+        "mode-none-with-storage",
+        _mode_none(spec__kvCache__storage={"poolRef": "p", "request": "1Ti"}),
+        "spec.kvCache.storage",
+        True,
+    ),
     ("lmcache-without-cpu", with_(INFD, spec__kvCache__cpu=_DELETE), "spec.kvCache.cpu", True),
     ("lmcache-default-mode-without-cpu", with_(INFD, spec__kvCache={}), "spec.kvCache.cpu", True),
     ("cpu-size-zero", with_(INFD, spec__kvCache__cpu__size="0"), "spec.kvCache.cpu.size", True),
@@ -121,11 +183,19 @@ CASES = [
     ("name-too-long", with_(INFD, metadata__name="x" * 53), "metadata.name", False),
     ("slo-p50-above-p99", with_(INFD, spec__slo={"ttftP50": "2m", "ttftP99": "30s"}), "spec.slo.ttftP50", True),
     ("dtype-unknown", with_(INFD, spec__model__architecture__dtype="int4"), "spec.model.architecture.dtype", False),
-    ("memory-not-quantity", with_(INFD, spec__engine__resources__requests__memory="lots"),
-     "spec.engine.resources.requests.memory", False),
+    (
+        "memory-not-quantity",
+        with_(INFD, spec__engine__resources__requests__memory="lots"),
+        "spec.engine.resources.requests.memory",
+        False,
+    ),
     ("engine-unknown-field", with_(INFD, spec__engine__gpus=8), "spec.engine.gpus", False),
-    ("toleration-effect", with_(INFD, spec__engine__tolerations=[{"key": "a", "effect": "Never"}]),
-     "spec.engine.tolerations[0].effect", False),
+    (
+        "toleration-effect",
+        with_(INFD, spec__engine__tolerations=[{"key": "a", "effect": "Never"}]),
+        "spec.engine.tolerations[0].effect",
+        False,
+    ),
 ]
 
 VALID = [
@@ -181,9 +251,9 @@ def test_valid_objects_pass_both(case, obj):
 
 
 def test_duplicate_namespaces_are_also_a_list_map_for_the_api_server():
-    namespaces = SCHEMAS["KVPool"]["properties"]["spec"]["properties"]["storage"]["properties"]["nvmeof"][
-        "properties"
-    ]["namespaces"]
+    namespaces = SCHEMAS["KVPool"]["properties"]["spec"]["properties"]["storage"]["properties"]["nvmeof"]["properties"][
+        "namespaces"
+    ]
     assert namespaces["x-kubernetes-list-type"] == "map"
     assert namespaces["x-kubernetes-list-map-keys"] == ["uuid"]
 

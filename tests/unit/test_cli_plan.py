@@ -35,19 +35,39 @@ def test_json_pick_is_the_smallest_capacity_meeting_the_target():
     assert picked["block_hit_ratio"] >= 0.3
     assert all(row["block_hit_ratio"] < 0.3 for row in rows if row["capacity_blocks"] < picked["capacity_blocks"])
     assert plan["current"]["capacity_blocks"] == 13531 and plan["currency"] == "CNY"
-    assert {"gpu_prefill_seconds_saved_per_hour", "ttft_p50_seconds", "ttft_p99_seconds", "saturated",
-            "read_bytes_per_second_peak_minute", "price_per_saved_gpu_hour"} <= set(picked)
+    assert {
+        "gpu_prefill_seconds_saved_per_hour",
+        "ttft_p50_seconds",
+        "ttft_p99_seconds",
+        "saturated",
+        "read_bytes_per_second_peak_minute",
+        "price_per_saved_gpu_hour",
+    } <= set(picked)
     assert set(picked["per_tenant"]) == {"conv", "synA", "synB"}
 
 
 def test_trace_source_with_explicit_capacities_and_an_unreachable_target():
-    result = kvtier_plan("--trace", f"chat={TRACES / 'mooncake_conversation_trace.jsonl'}",
-                         "--trace", TRACES / "mooncake_synthetic_trace.jsonl", "--capacity", "1Ti",
-                         "--capacities", "512Gi,1Ti", "--target-hit-ratio", "0.99", "--read-bandwidth", "1G", "--json")
+    result = kvtier_plan(
+        "--trace",
+        f"chat={TRACES / 'mooncake_conversation_trace.jsonl'}",
+        "--trace",
+        TRACES / "mooncake_synthetic_trace.jsonl",
+        "--capacity",
+        "1Ti",
+        "--capacities",
+        "512Gi,1Ti",
+        "--target-hit-ratio",
+        "0.99",
+        "--read-bandwidth",
+        "1G",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert [row["capacity_bytes"] // plan["block_bytes"] for row in plan["capacities"]] == [
-        2**39 // plan["block_bytes"], 2**40 // plan["block_bytes"]]
+        2**39 // plan["block_bytes"],
+        2**40 // plan["block_bytes"],
+    ]
     assert set(plan["capacities"][0]["per_tenant"]) == {"chat", "mooncake_synthetic_trace"}
     assert plan["pick"]["capacity_blocks"] is None and "no capacity tried meets" in plan["pick"]["reason"]
     assert all(row["saturated"] for row in plan["capacities"])  # 1 GB/s cannot carry these reads

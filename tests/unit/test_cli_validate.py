@@ -68,8 +68,7 @@ def test_problems_are_one_line_each_with_file_kind_name_and_field(tmp_path):
         f'{manifest}: KVPool/p: spec.storage: Invalid value: "object": set exactly one storage backend: nvmeof, csi or hostPath',
         f"{manifest}: KVPool/q: apiVersion: unknown apiVersion 'kvtier.io/v1' for KVPool (served: kvtier.io/v1alpha1)",
         f'{manifest}: InferenceDeployment/d: spec.engine.args: Invalid value: "array": args must not set --port, --host, --model, '
-
-                "--served-model-name, --tensor-parallel-size, --gpu-memory-utilization or --max-model-len: use the spec's fields",
+        "--served-model-name, --tensor-parallel-size, --gpu-memory-utilization or --max-model-len: use the spec's fields",
         f"{manifest}: <no kind>/nokind: kind: required field is missing",
         f"{manifest}: KVPools/typo: kind: unknown kind 'KVPools' in kvtier.io (known: KVPool, InferenceDeployment)",
     ]
@@ -87,8 +86,10 @@ def test_stdin_and_malformed_yaml():
     [
         ("- just\n- a list\n", "expected a Kubernetes object, got list"),
         ("kind: KVPool\nmetadata: {name: x}\nspec: {}\n", "apiVersion: required field is missing"),
-        ("apiVersion: kvtier.io/v1alpha1\nkind: KVPool\nspec: {capacity: 1Ti, storage: {hostPath: {path: /x}}}\n",
-         "metadata.name: Required value"),
+        (
+            "apiVersion: kvtier.io/v1alpha1\nkind: KVPool\nspec: {capacity: 1Ti, storage: {hostPath: {path: /x}}}\n",
+            "metadata.name: Required value",
+        ),
         ("apiVersion: kvtier.io/v1alpha1\nkind: KVPool\nmetadata: {name: x}\n", "spec: Required value"),
         ("\t- bad indentation\n", "malformed YAML"),
     ],
@@ -99,8 +100,13 @@ def test_bad_documents_get_one_line(text, expected):
     first, *rest = result.stdout.splitlines()
     assert expected in first, result.stdout
     # As from the API server: after a schema error, a note that the CEL rules were not checked.
-    assert rest in ([], [f"{first.split(': ')[0]}: {first.split(': ')[1]}: some validation rules were not checked because the object was invalid; "
-                         "correct the existing errors to complete validation"]), result.stdout
+    assert rest in (
+        [],
+        [
+            f"{first.split(': ')[0]}: {first.split(': ')[1]}: some validation rules were not checked because the object was invalid; "
+            "correct the existing errors to complete validation"
+        ],
+    ), result.stdout
 
 
 def test_unreadable_file():
@@ -119,10 +125,14 @@ def test_an_omitted_kv_cache_masks_nothing():
     result = kvtier_validate("-f", "-", stdin=text)
     fields = [line.split(": ")[2] for line in result.stdout.splitlines()]
     assert result.returncode == 1
-    assert fields == ["spec.engine.imagee", "spec.kvCache", "spec.engine.tensorParallelSize",
-                      "spec.engine.gpuMemoryUtilization",
-                      "some validation rules were not checked because the object was invalid; correct the existing "
-                      "errors to complete validation"], result.stdout
+    assert fields == [
+        "spec.engine.imagee",
+        "spec.kvCache",
+        "spec.engine.tensorParallelSize",
+        "spec.engine.gpuMemoryUtilization",
+        "some validation rules were not checked because the object was invalid; correct the existing "
+        "errors to complete validation",
+    ], result.stdout
     fixed = text.replace("imagee: typo, tensorParallelSize: 0, gpuMemoryUtilization: 1.5", "tensorParallelSize: 1")
     result = kvtier_validate("-f", "-", stdin=fixed)
-    assert [line.split(": ")[2] for line in result.stdout.splitlines()] [:1] == ["spec.kvCache"], result.stdout
+    assert [line.split(": ")[2] for line in result.stdout.splitlines()][:1] == ["spec.kvCache"], result.stdout

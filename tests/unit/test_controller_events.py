@@ -30,7 +30,10 @@ def test_a_repeated_event_is_posted_once_within_the_repeat_window(monkeypatch):
     asyncio.run(post_twice_concurrently(body(), "Bound", "64Gi per replica"))  # another message: another Event
     asyncio.run(post_twice_concurrently(body("u2"), "Bound", "32Gi per replica"))  # another object
     assert [(e["involvedObject"]["uid"], e["message"]) for e in kube.created] == [
-        ("u1", "KVPool p: 32Gi per replica"), ("u1", "KVPool p: 64Gi per replica"), ("u2", "KVPool p: 32Gi per replica")]
+        ("u1", "KVPool p: 32Gi per replica"),
+        ("u1", "KVPool p: 64Gi per replica"),
+        ("u2", "KVPool p: 32Gi per replica"),
+    ]
     assert kube.created[0]["metadata"]["namespace"] == "default"  # a cluster-scoped object's Events
 
 
@@ -48,14 +51,25 @@ def test_the_same_event_comes_again_after_the_window(monkeypatch):
 def _pool(allocations=(), waiting=0, reclaiming=(), capacity="96Gi"):
     from kvtier.api.kvpool import KVPool, KVPoolStatus
 
-    pool = KVPool.model_validate({"metadata": {"name": "gpu-pool"}, "spec": {
-        "capacity": capacity, "storage": {"hostPath": {"path": "/var/lib/kv"}}}})
-    status = KVPoolStatus.model_validate({
-        "allocations": [{"namespace": "ml", "name": f"d{i}", "uid": f"u{i}", "replicas": r, "quota": q}
-                        for i, (r, q) in enumerate(allocations)],
-        "waiting": [{"namespace": "ml", "name": f"w{i}", "uid": f"w{i}", "since": "2026-12-04T10:00:00Z",
-                     "needs": "8Gi"} for i in range(waiting)],
-        "reclaiming": list(reclaiming)})
+    pool = KVPool.model_validate(
+        {
+            "metadata": {"name": "gpu-pool"},
+            "spec": {"capacity": capacity, "storage": {"hostPath": {"path": "/var/lib/kv"}}},
+        }
+    )
+    status = KVPoolStatus.model_validate(
+        {
+            "allocations": [
+                {"namespace": "ml", "name": f"d{i}", "uid": f"u{i}", "replicas": r, "quota": q}
+                for i, (r, q) in enumerate(allocations)
+            ],
+            "waiting": [
+                {"namespace": "ml", "name": f"w{i}", "uid": f"w{i}", "since": "2026-12-04T10:00:00Z", "needs": "8Gi"}
+                for i in range(waiting)
+            ],
+            "reclaiming": list(reclaiming),
+        }
+    )
     return pool, status
 
 
@@ -66,7 +80,8 @@ def test_the_pools_ready_message_says_who_holds_what_in_words():
     assert holdings(*_pool([(1, "32Gi")])) == "1 deployment holds 32Gi of 96Gi"
     assert holdings(*_pool()) == "no deployment holds any of its 96Gi yet"
     assert holdings(*_pool([(1, "96Gi")], waiting=2, reclaiming=["u"])) == (
-        "1 deployment holds 96Gi of 96Gi; 2 deployments wait for capacity; 1 released NVMe-oF namespace being wiped")
+        "1 deployment holds 96Gi of 96Gi; 2 deployments wait for capacity; 1 released NVMe-oF namespace being wiped"
+    )
 
 
 def test_the_pools_ready_event_names_the_pool(monkeypatch):
@@ -79,5 +94,6 @@ def test_the_pools_ready_event_names_the_pool(monkeypatch):
     body = {"apiVersion": "kvtier.io/v1alpha1", "kind": "KVPool", "metadata": {"name": "gpu-pool", "uid": "p"}}
     asyncio.run(post_transitions(kube, body, [], pool_conditions(pool, status, 1)))
     assert ("Normal", "Available", "KVPool gpu-pool: 3 deployments hold 96Gi of 96Gi") in [
-        (e["type"], e["reason"], e["message"]) for e in kube.created]
+        (e["type"], e["reason"], e["message"]) for e in kube.created
+    ]
     assert not any(e["type"] == "Warning" for e in kube.created)

@@ -24,7 +24,10 @@ def test_a_certificate_kubeconfig_sends_no_token(tmp_path):
     (tmp_path / "c.crt").write_text("x")
     (tmp_path / "c.key").write_text("x")
     path = tmp_path / "kubeconfig"
-    path.write_text(KUBECONFIG.replace("{token: the-token}",
-                                       f"{{client-certificate: {tmp_path}/c.crt, client-key: {tmp_path}/c.key}}"))
+    path.write_text(
+        KUBECONFIG.replace(
+            "{token: the-token}", f"{{client-certificate: {tmp_path}/c.crt, client-key: {tmp_path}/c.key}}"
+        )
+    )
     info = connection_info(path)
     assert info.token is None and info.certificate_path and info.private_key_path

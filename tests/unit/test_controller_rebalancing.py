@@ -13,12 +13,19 @@ GI = 2**30
 
 def member(quota: int, replicas: int, min_: int = 0, max_: int = 64 * GI) -> Member:
     body = {
-        "apiVersion": "kvtier.io/v1alpha1", "kind": "InferenceDeployment",
+        "apiVersion": "kvtier.io/v1alpha1",
+        "kind": "InferenceDeployment",
         "metadata": {"name": "d", "namespace": "ns", "uid": "u"},
-        "spec": {"replicas": replicas, "model": {"name": "m", "kvBytesPerToken": 131072},
-                 "engine": {"image": "vllm/vllm-openai:v0.33.0"},
-                 "kvCache": {"chunkSize": 256, "cpu": {"size": "16Gi"},
-                             "storage": {"poolRef": "p", "request": min_, "min": min_, "max": max_}}},
+        "spec": {
+            "replicas": replicas,
+            "model": {"name": "m", "kvBytesPerToken": 131072},
+            "engine": {"image": "vllm/vllm-openai:v0.33.0"},
+            "kvCache": {
+                "chunkSize": 256,
+                "cpu": {"size": "16Gi"},
+                "storage": {"poolRef": "p", "request": min_, "min": min_, "max": max_},
+            },
+        },
     }
     return Member("u", body, InferenceDeployment.model_validate(body), replicas, quota, max_, min_)
 
@@ -31,8 +38,10 @@ def test_a_pool_has_at_most_about_4096_alignedunits_held():
 
 
 @settings(max_examples=200, deadline=None)
-@given(capacity=st.integers(GI, 2**44), shares=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 8)), min_size=1,
-                                                       max_size=6))
+@given(
+    capacity=st.integers(GI, 2**44),
+    shares=st.lists(st.tuples(st.floats(0, 1), st.integers(1, 8)), min_size=1, max_size=6),
+)
 def test_quotas_from_a_split_of_the_units_never_add_up_to_more_than_the_pool(capacity, shares):
     unit = pool_unit(capacity)
     units = capacity // unit
@@ -64,10 +73,14 @@ def test_a_quota_is_never_set_below_min_nor_above_the_volume():
 def test_the_reason_speaks_the_specs_terms():
     decision = Decision("moved", {}, {}, (), 0.125, 1000.0, 1125.0, frozen=("ns/idle",))
     reason = explain(decision, LoopSettings(min_gain=0.05))
-    assert reason == ("predicted storage-tier hits 1,000 -> 1,125 tokens/s (+12.5%, minGain 5%); "
-                      "kept as they are (no fresh metrics): ns/idle")
+    assert reason == (
+        "predicted storage-tier hits 1,000 -> 1,125 tokens/s (+12.5%, minGain 5%); "
+        "kept as they are (no fresh metrics): ns/idle"
+    )
     held_back = Decision("moved", {}, {}, (), 1.0, 20.0, 30.5)  # maxStep: half way to the target this round
     assert explain(held_back, LoopSettings(min_gain=0.01)) == (
-        "predicted storage-tier hits 20 -> 30.5 tokens/s this step, 40 tokens/s at the target (+100.0%, minGain 1%)")
+        "predicted storage-tier hits 20 -> 30.5 tokens/s this step, 40 tokens/s at the target (+100.0%, minGain 1%)"
+    )
     assert explain(Decision("static", {}, {}, (), 0.0, 0.0, 0.0), LoopSettings(policy="Static")).startswith(
-        "policy Static")
+        "policy Static"
+    )

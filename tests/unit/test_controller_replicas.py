@@ -12,10 +12,14 @@ GRACE = 600.0
 
 
 def pod(name="chat-0", phase="Pending", ready=False, containers=(), conditions=()):
-    return {"metadata": {"name": name}, "status": {
-        "phase": phase,
-        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}, *conditions],
-        "containerStatuses": list(containers)}}
+    return {
+        "metadata": {"name": name},
+        "status": {
+            "phase": phase,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}, *conditions],
+            "containerStatuses": list(containers),
+        },
+    }
 
 
 def waiting(reason, message="", name="vllm"):
@@ -36,18 +40,43 @@ def test_still_not_ready_after_the_grace_period_is_trouble():
     assert message == "0/1 replicas ready, still not all Ready after 601s (pod chat-0: Running, not Ready yet)"
 
 
-@pytest.mark.parametrize(("status", "expected"), [
-    ({"containerStatuses": [waiting("CrashLoopBackOff", "back-off 5m0s restarting failed container")]},
-     "container vllm: CrashLoopBackOff (back-off 5m0s restarting failed container)"),
-    ({"containerStatuses": [waiting("ImagePullBackOff")]}, "container vllm: ImagePullBackOff"),
-    ({"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                      "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]},
-     "cannot be scheduled (0/2 nodes are available: 2 Insufficient nvidia.com/gpu.)"),
-    ({"containerStatuses": [{"name": "lmcache", "state": {"running": {}}, "restartCount": 2,
-                             "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]},
-     "container lmcache restarted 2 times (last exit code 137, OOMKilled)"),
-    ({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}, "failed: Evicted (low on memory)"),
-])
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (
+            {"containerStatuses": [waiting("CrashLoopBackOff", "back-off 5m0s restarting failed container")]},
+            "container vllm: CrashLoopBackOff (back-off 5m0s restarting failed container)",
+        ),
+        ({"containerStatuses": [waiting("ImagePullBackOff")]}, "container vllm: ImagePullBackOff"),
+        (
+            {
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.",
+                    }
+                ]
+            },
+            "cannot be scheduled (0/2 nodes are available: 2 Insufficient nvidia.com/gpu.)",
+        ),
+        (
+            {
+                "containerStatuses": [
+                    {
+                        "name": "lmcache",
+                        "state": {"running": {}},
+                        "restartCount": 2,
+                        "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+                    }
+                ]
+            },
+            "container lmcache restarted 2 times (last exit code 137, OOMKilled)",
+        ),
+        ({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}, "failed: Evicted (low on memory)"),
+    ],
+)
 def test_a_failing_pod_is_trouble_at_once_and_named(status, expected):
     failing = {"metadata": {"name": "chat-0"}, "status": {"phase": "Pending", **status}}
     assert pod_trouble(failing) == expected
@@ -55,18 +84,27 @@ def test_a_failing_pod_is_trouble_at_once_and_named(status, expected):
     assert (reason, message) == ("ReplicasNotReady", f"0/2 replicas ready: pod chat-0 {expected}")
 
 
-@pytest.mark.parametrize("message", [
-    # kube-scheduler v1.37 while the PersistentVolume controller has not bound the claim yet (seen on the real ground)
-    "0/4 nodes are available: pod has unbound immediate PersistentVolumeClaims. not found",
-    'persistentvolumeclaim "coder-480b-kv" not found',
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        # kube-scheduler v1.37 while the PersistentVolume controller has not bound the claim yet (seen on the real ground)
+        "0/4 nodes are available: pod has unbound immediate PersistentVolumeClaims. not found",
+        'persistentvolumeclaim "coder-480b-kv" not found',
+    ],
+)
 def test_waiting_for_a_claim_to_bind_is_a_normal_start_until_the_grace_period(message):
-    unbound = pod(conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}])
+    unbound = pod(
+        conditions=[{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]
+    )
     assert pod_trouble(unbound) is None
     assert not_ready([unbound], 0, 1, 5, GRACE) == (
-        "ReplicasStarting", "0/1 replicas ready; starting: chat-0 waiting for its volumes to bind")
+        "ReplicasStarting",
+        "0/1 replicas ready; starting: chat-0 waiting for its volumes to bind",
+    )
     assert not_ready([unbound], 0, 1, GRACE + 1, GRACE) == (
-        "ReplicasNotReady", "0/1 replicas ready, still not all Ready after 601s (pod chat-0: waiting for its volumes to bind)")
+        "ReplicasNotReady",
+        "0/1 replicas ready, still not all Ready after 601s (pod chat-0: waiting for its volumes to bind)",
+    )
 
 
 def test_ready_pods_and_starting_pods_are_no_trouble():
@@ -87,18 +125,34 @@ class RecordingKube:
 def _events_for(before, after, monkeypatch):
     monkeypatch.setattr(events, "_posted", type(events._posted)())
     kube = RecordingKube()
-    body = {"apiVersion": "kvtier.io/v1alpha1", "kind": "InferenceDeployment",
-            "metadata": {"name": "chat", "namespace": "ml", "uid": "u1"}}
+    body = {
+        "apiVersion": "kvtier.io/v1alpha1",
+        "kind": "InferenceDeployment",
+        "metadata": {"name": "chat", "namespace": "ml", "uid": "u1"},
+    }
     asyncio.run(post_transitions(kube, body, before, after))
     return [(e["type"], e["reason"], e["message"]) for e in kube.created]
 
 
 def test_starting_replicas_post_a_normal_event_and_trouble_a_warning(monkeypatch):
-    starting = [{"type": "Ready", "status": "False", "reason": "ReplicasStarting", "message": "0/1 replicas ready; starting"}]
+    starting = [
+        {"type": "Ready", "status": "False", "reason": "ReplicasStarting", "message": "0/1 replicas ready; starting"}
+    ]
     assert _events_for([], starting, monkeypatch) == [
-        ("Normal", "ReplicasStarting", "InferenceDeployment ml/chat: 0/1 replicas ready; starting")]
-    failing = [{"type": "Ready", "status": "False", "reason": "ReplicasNotReady",
-                "message": "0/1 replicas ready: pod chat-0 container vllm: CrashLoopBackOff"}]
+        ("Normal", "ReplicasStarting", "InferenceDeployment ml/chat: 0/1 replicas ready; starting")
+    ]
+    failing = [
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": "ReplicasNotReady",
+            "message": "0/1 replicas ready: pod chat-0 container vllm: CrashLoopBackOff",
+        }
+    ]
     assert _events_for(starting, failing, monkeypatch) == [
-        ("Warning", "ReplicasNotReady",
-         "InferenceDeployment ml/chat: 0/1 replicas ready: pod chat-0 container vllm: CrashLoopBackOff")]
+        (
+            "Warning",
+            "ReplicasNotReady",
+            "InferenceDeployment ml/chat: 0/1 replicas ready: pod chat-0 container vllm: CrashLoopBackOff",
+        )
+    ]

@@ -8,13 +8,27 @@ TI = 2**40
 
 
 def statefulset(size="1Ti", mode="Block", storage_class="fast"):
-    return {"metadata": {"name": "coder", "namespace": "ml"}, "spec": {
-        "serviceName": "coder-headless", "podManagementPolicy": "Parallel", "selector": {"matchLabels": {"a": "b"}},
-        "volumeClaimTemplates": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                                  "metadata": {"name": "kv-store", "labels": {"a": "b"}},
-                                  "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": mode,
-                                           "storageClassName": storage_class,
-                                           "resources": {"requests": {"storage": size}}}}]}}
+    return {
+        "metadata": {"name": "coder", "namespace": "ml"},
+        "spec": {
+            "serviceName": "coder-headless",
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"a": "b"}},
+            "volumeClaimTemplates": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": "kv-store", "labels": {"a": "b"}},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "volumeMode": mode,
+                        "storageClassName": storage_class,
+                        "resources": {"requests": {"storage": size}},
+                    },
+                }
+            ],
+        },
+    }
 
 
 def claim(request, capacity=None):
@@ -37,8 +51,10 @@ def test_a_changed_volume_kind_is_reported_and_nothing_is_replaced():
     rendered = statefulset(mode="Filesystem", storage_class="slow")
     before = copy.deepcopy(rendered)
     problem = keep_claim_templates(rendered, statefulset())
-    assert problem.startswith("spec.kvCache.storage: StatefulSet coder cannot be updated: kv-store.volumeMode 'Block' "
-                              "-> 'Filesystem'; kv-store.storageClassName 'fast' -> 'slow'")
+    assert problem.startswith(
+        "spec.kvCache.storage: StatefulSet coder cannot be updated: kv-store.volumeMode 'Block' "
+        "-> 'Filesystem'; kv-store.storageClassName 'fast' -> 'slow'"
+    )
     assert "kubectl delete pvc -n ml -l kvtier.io/deployment=coder" in problem and rendered == before
 
 
@@ -46,7 +62,8 @@ def test_other_fixed_fields_are_reported_without_blaming_storage():
     rendered = statefulset()
     rendered["spec"]["serviceName"] = "other"
     assert keep_claim_templates(rendered, statefulset()).startswith(
-        "StatefulSet coder cannot be updated: serviceName 'coder-headless' -> 'other'")
+        "StatefulSet coder cannot be updated: serviceName 'coder-headless' -> 'other'"
+    )
 
 
 def test_volume_size_is_what_the_smallest_volume_holds():

@@ -184,10 +184,17 @@ def test_every_property_has_a_description(repo_root, name):
 
 
 def test_the_description_walker_finds_a_missing_description():
-    schema = {"properties": {"spec": {"description": "s", "properties": {
-        "list": {"description": "l", "items": {"properties": {"hidden": {"type": "string"}}}},
-        "map": {"description": "m", "additionalProperties": {"properties": {"deep": {"description": " "}}}},
-    }}}}
+    schema = {
+        "properties": {
+            "spec": {
+                "description": "s",
+                "properties": {
+                    "list": {"description": "l", "items": {"properties": {"hidden": {"type": "string"}}}},
+                    "map": {"description": "m", "additionalProperties": {"properties": {"deep": {"description": " "}}}},
+                },
+            }
+        }
+    }
     assert _undocumented(schema, "") == [".spec.list[].hidden", ".spec.map{}.deep"]
 
 

@@ -18,13 +18,38 @@ from tests.conftest import REPO_ROOT
 DASHBOARD = REPO_ROOT / "charts" / "kvtier-operator" / "dashboards" / "kvtier.json"
 #: A copy of the shared reference (read from the released wheels), so a clean clone has it too.
 ENGINE_METRICS = REPO_ROOT / "tests" / "data" / "engine-metrics.md"
-SHARED_REFERENCE = next((parent / "shared" / "reference" / "engine-metrics.md" for parent in REPO_ROOT.parents
-                         if (parent / "shared" / "reference" / "engine-metrics.md").exists()), None)
+SHARED_REFERENCE = next(
+    (
+        parent / "shared" / "reference" / "engine-metrics.md"
+        for parent in REPO_ROOT.parents
+        if (parent / "shared" / "reference" / "engine-metrics.md").exists()
+    ),
+    None,
+)
 
-SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
-            "summary": ("", "_sum", "_count", "_created"), "gauge": ("",), "info": ("_info",)}
-KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset",
-            "atan2", "inf", "nan"}
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("", "_sum", "_count", "_created"),
+    "gauge": ("",),
+    "info": ("_info",),
+}
+KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "atan2",
+    "inf",
+    "nan",
+}
 
 
 def operator_names() -> set[str]:
@@ -59,7 +84,7 @@ def metric_names(expr: str) -> set[str]:
     expr = re.sub(r"\$\w+", "", expr)  # Grafana variables
     names = set()
     for match in re.finditer(r"(?<![\w.])[A-Za-z_:][A-Za-z0-9_:]*", expr):  # not a number's unit (5m)
-        word, rest = match.group(), expr[match.end():].lstrip()
+        word, rest = match.group(), expr[match.end() :].lstrip()
         if word in KEYWORDS or rest.startswith("("):  # functions and aggregations
             continue
         names.add(word)
@@ -78,23 +103,36 @@ def dashboard_queries(dashboard: dict) -> list[tuple[str, str]]:
 
 
 def test_the_parser_finds_names_and_skips_everything_else():
-    expr = ('histogram_quantile(0.99, sum by (le, kind) (rate(kvtier_reconcile_duration_seconds_bucket'
-            '{kind=~"$kind", x="a{b}"}[$__rate_interval]))) / ignoring(le) group_left '
-            'sum(vllm:kv_cache_usage_perc offset 5m) and on(pool) kvtier_pool_capacity_bytes > bool 0')
-    assert metric_names(expr) == {"kvtier_reconcile_duration_seconds_bucket", "vllm:kv_cache_usage_perc",
-                                  "kvtier_pool_capacity_bytes"}
+    expr = (
+        "histogram_quantile(0.99, sum by (le, kind) (rate(kvtier_reconcile_duration_seconds_bucket"
+        '{kind=~"$kind", x="a{b}"}[$__rate_interval]))) / ignoring(le) group_left '
+        "sum(vllm:kv_cache_usage_perc offset 5m) and on(pool) kvtier_pool_capacity_bytes > bool 0"
+    )
+    assert metric_names(expr) == {
+        "kvtier_reconcile_duration_seconds_bucket",
+        "vllm:kv_cache_usage_perc",
+        "kvtier_pool_capacity_bytes",
+    }
     assert metric_names('label_values(kvtier_deployment_hit_ratio{namespace=~"$namespace"}, deployment)') == {
-        "kvtier_deployment_hit_ratio"}
+        "kvtier_deployment_hit_ratio"
+    }
 
 
 def test_the_exported_names_are_what_prometheus_sees(tmp_path):
     operator = operator_names()
-    assert {"kvtier_rebalance_moves_total", "kvtier_reconcile_duration_seconds_bucket",
-            "kvtier_deployment_hit_ratio"} <= operator
+    assert {
+        "kvtier_rebalance_moves_total",
+        "kvtier_reconcile_duration_seconds_bucket",
+        "kvtier_deployment_hit_ratio",
+    } <= operator
     assert "kvtier_rebalance_moves" not in operator  # a counter is only ever seen with _total
     assert {"kvtier_probe_stack_distance_bytes_bucket", "kvtier_probe_lookups_total"} <= probe_names(tmp_path)
     engines = engine_names()
-    assert {"vllm:kv_cache_usage_perc", "vllm:time_to_first_token_seconds_bucket", "lmcache:num_hit_tokens_total"} <= engines
+    assert {
+        "vllm:kv_cache_usage_perc",
+        "vllm:time_to_first_token_seconds_bucket",
+        "lmcache:num_hit_tokens_total",
+    } <= engines
     assert len(engines) > 100
 
 
@@ -110,20 +148,24 @@ def test_every_queried_metric_is_exported(tmp_path):
     queries = dashboard_queries(dashboard)
     assert len(queries) >= 20
     unknown = [(where, name) for where, expr in queries for name in sorted(metric_names(expr)) if name not in exported]
-    assert not unknown, "\n".join(f"{where}: {name} is exported by neither the operator nor the engines"
-                                  for where, name in unknown)
+    assert not unknown, "\n".join(
+        f"{where}: {name} is exported by neither the operator nor the engines" for where, name in unknown
+    )
     for where, expr in queries:
         assert metric_names(expr), f"{where}: no metric in {expr!r}"
 
 
-@pytest.mark.parametrize("needed, metric", [
-    ("per deployment: the watermark", "kvtier_deployment_hbm_watermark_ratio"),
-    ("per deployment: hit ratio by tier", "kvtier_deployment_hit_ratio"),
-    ("per deployment: quota over time", "kvtier_deployment_storage_quota_bytes"),
-    ("per pool: capacity", "kvtier_pool_capacity_bytes"),
-    ("per pool: allocated", "kvtier_pool_allocated_bytes"),
-    ("rebalance moves", "kvtier_rebalance_moves_total"),
-])
+@pytest.mark.parametrize(
+    "needed, metric",
+    [
+        ("per deployment: the watermark", "kvtier_deployment_hbm_watermark_ratio"),
+        ("per deployment: hit ratio by tier", "kvtier_deployment_hit_ratio"),
+        ("per deployment: quota over time", "kvtier_deployment_storage_quota_bytes"),
+        ("per pool: capacity", "kvtier_pool_capacity_bytes"),
+        ("per pool: allocated", "kvtier_pool_allocated_bytes"),
+        ("rebalance moves", "kvtier_rebalance_moves_total"),
+    ],
+)
 def test_the_dashboard_shows_what_users_need(needed, metric):
     dashboard = json.loads(DASHBOARD.read_text())
     panels = [title for title, expr in dashboard_queries(dashboard) if metric in metric_names(expr)]

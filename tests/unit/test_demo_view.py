@@ -18,19 +18,28 @@ POOL = {
     "apiVersion": "kvtier.io/v1alpha1",
     "kind": "KVPool",
     "metadata": {"name": "demo-pool"},
-    "spec": {"capacity": "96Gi", "storage": {"hostPath": {"path": "/var/lib/kvtier"}},
-             "rebalance": {"policy": "MarginalGain", "interval": "5s"}},
+    "spec": {
+        "capacity": "96Gi",
+        "storage": {"hostPath": {"path": "/var/lib/kvtier"}},
+        "rebalance": {"policy": "MarginalGain", "interval": "5s"},
+    },
     "status": {
-        "capacity": "96Gi", "allocated": "96Gi", "available": "0",
+        "capacity": "96Gi",
+        "allocated": "96Gi",
+        "available": "0",
         "allocations": [
             {"namespace": "kvtier-demo", "name": "chat", "uid": "u1", "replicas": 1, "quota": "56Gi"},
             {"namespace": "kvtier-demo", "name": "code", "uid": "u2", "replicas": 1, "quota": "20Gi"},
         ],
         "lastRebalance": {
-            "time": "2026-12-03T10:00:05Z", "movedBytes": "24Gi", "predictedGain": 0.125,
+            "time": "2026-12-03T10:00:05Z",
+            "movedBytes": "24Gi",
+            "predictedGain": 0.125,
             "reason": "chat's curve is steepest",
-            "moves": [{"namespace": "kvtier-demo", "name": "chat", "fromQuota": "32Gi", "toQuota": "56Gi"},
-                      {"namespace": "kvtier-demo", "name": "code", "fromQuota": "32Gi", "toQuota": "20Gi"}],
+            "moves": [
+                {"namespace": "kvtier-demo", "name": "chat", "fromQuota": "32Gi", "toQuota": "56Gi"},
+                {"namespace": "kvtier-demo", "name": "code", "fromQuota": "32Gi", "toQuota": "20Gi"},
+            ],
         },
     },
 }
@@ -41,29 +50,56 @@ def deployment(name, status=None):
         "apiVersion": "kvtier.io/v1alpha1",
         "kind": "InferenceDeployment",
         "metadata": {"name": name, "namespace": "kvtier-demo"},
-        "spec": {"replicas": 1, "kvCache": {"storage": {"poolRef": "demo-pool", "request": "32Gi", "min": "8Gi",
-                                                        "max": "64Gi"}}},
+        "spec": {
+            "replicas": 1,
+            "kvCache": {"storage": {"poolRef": "demo-pool", "request": "32Gi", "min": "8Gi", "max": "64Gi"}},
+        },
         **({"status": status} if status is not None else {}),
     }
 
 
-FULL = deployment("chat", {
-    "replicas": 1, "readyReplicas": 1,
-    "conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady", "message": "1/1"}],
-    "kv": {"hbmWatermark": 0.83, "hitRatio": {"hbm": 0.27, "cpu": 0.12, "storage": 0.215, "total": 0.605},
-           "storage": {"quota": "32Gi", "used": "30Gi"}, "ttftP50Seconds": 0.42, "sampledAt": "2026-12-03T10:00:04Z",
-           "promptTokensPerSecond": 20000},
-})
+FULL = deployment(
+    "chat",
+    {
+        "replicas": 1,
+        "readyReplicas": 1,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady", "message": "1/1"}],
+        "kv": {
+            "hbmWatermark": 0.83,
+            "hitRatio": {"hbm": 0.27, "cpu": 0.12, "storage": 0.215, "total": 0.605},
+            "storage": {"quota": "32Gi", "used": "30Gi"},
+            "ttftP50Seconds": 0.42,
+            "sampledAt": "2026-12-03T10:00:04Z",
+            "promptTokensPerSecond": 20000,
+        },
+    },
+)
 PARTIAL = deployment("code", {"replicas": 1, "readyReplicas": 0, "kv": {"storage": {"quota": "32Gi"}}})
 BARE = deployment("rag")
 EVENTS = [
-    {"metadata": {"resourceVersion": "7"}, "involvedObject": {"kind": "KVPool", "name": "demo-pool"},
-     "type": "Normal", "reason": "Rebalanced", "message": "chat 32Gi -> 56Gi", "lastTimestamp": "2026-12-03T10:00:05Z"},
-    {"metadata": {"resourceVersion": "3"}, "involvedObject": {"kind": "InferenceDeployment", "name": "chat"},
-     "type": "Normal", "reason": "AllReplicasReady", "message": "1/1 replicas ready",
-     "lastTimestamp": "2026-12-03T10:00:01Z"},
-    {"metadata": {"resourceVersion": "4"}, "involvedObject": {"kind": "Pod", "name": "chat-0"},
-     "type": "Normal", "reason": "Started", "message": "not ours"},
+    {
+        "metadata": {"resourceVersion": "7"},
+        "involvedObject": {"kind": "KVPool", "name": "demo-pool"},
+        "type": "Normal",
+        "reason": "Rebalanced",
+        "message": "chat 32Gi -> 56Gi",
+        "lastTimestamp": "2026-12-03T10:00:05Z",
+    },
+    {
+        "metadata": {"resourceVersion": "3"},
+        "involvedObject": {"kind": "InferenceDeployment", "name": "chat"},
+        "type": "Normal",
+        "reason": "AllReplicasReady",
+        "message": "1/1 replicas ready",
+        "lastTimestamp": "2026-12-03T10:00:01Z",
+    },
+    {
+        "metadata": {"resourceVersion": "4"},
+        "involvedObject": {"kind": "Pod", "name": "chat-0"},
+        "type": "Normal",
+        "reason": "Started",
+        "message": "not ours",
+    },
 ]
 
 
@@ -107,8 +143,12 @@ def test_the_load_makes_each_deployment_busy_in_turn(tmp_path):
         # Replayed arrivals in the first cycle (the loop continues from the last one, + 1 s).
         first = [r.arrival + shift for r in requests if r.arrival + shift >= 0]
         wrapped = [a + workload.cycle_seconds for a in (r.arrival + shift for r in requests) if a < 0]
-        counts = [sum(1 for a in first + wrapped if phase * workload.phase_seconds <= a < (phase + 1) *
-                      workload.phase_seconds) for phase in range(PHASES)]
+        counts = [
+            sum(
+                1 for a in first + wrapped if phase * workload.phase_seconds <= a < (phase + 1) * workload.phase_seconds
+            )
+            for phase in range(PHASES)
+        ]
         assert max(range(PHASES), key=counts.__getitem__) == index, counts
         assert counts[index] > 3 * max(c for p, c in enumerate(counts) if p != index)
 
@@ -119,11 +159,27 @@ def test_the_view_shows_every_reported_field():
     assert chat.quota == 56 << 30 and chat.applied_quota == 32 << 30  # the ledger wins over the applied quota
     ready_at = datetime(2026, 12, 3, 10, 0, 0, tzinfo=UTC).timestamp()
     text = screen(render(state, Clock("running", 12, 60, 10, busy="chat", hint="Ctrl-C stops", origin=ready_at)))
-    for expected in ("1/1", "83.0%", "27.0%", "12.0%", "21.5%", "60.5%", "420ms", "56Gi", "8Gi–64Gi", "30Gi",
-                     "capacity 96Gi, allocated 96Gi, available 0", "MarginalGain every 5s",
-                     "last rebalance at 5s: moved 24Gi: chat 32Gi→56Gi, code 32Gi→20Gi (chat's curve is steepest)",
-                     "1s InferenceDeployment/chat AllReplicasReady",
-                     "12s / 1m", "simulated 2m (10x)", "busy now: chat", "Rebalanced", "Ctrl-C stops"):
+    for expected in (
+        "1/1",
+        "83.0%",
+        "27.0%",
+        "12.0%",
+        "21.5%",
+        "60.5%",
+        "420ms",
+        "56Gi",
+        "8Gi–64Gi",
+        "30Gi",
+        "capacity 96Gi, allocated 96Gi, available 0",
+        "MarginalGain every 5s",
+        "last rebalance at 5s: moved 24Gi: chat 32Gi→56Gi, code 32Gi→20Gi (chat's curve is steepest)",
+        "1s InferenceDeployment/chat AllReplicasReady",
+        "12s / 1m",
+        "simulated 2m (10x)",
+        "busy now: chat",
+        "Rebalanced",
+        "Ctrl-C stops",
+    ):
         assert expected in text, expected
     assert "Started" not in text  # only Events about kvtier's objects
     assert text.index("AllReplicasReady") < text.index("Rebalanced")  # oldest first
@@ -145,10 +201,13 @@ def test_the_view_shows_a_dash_for_what_is_not_reported():
 
 
 def test_the_summary_reports_quota_moves_and_hit_ratios():
-    before = snapshot({**POOL, "status": {"capacity": "96Gi"}}, [
-        deployment("chat", {"kv": {"storage": {"quota": "32Gi"}}}),
-        deployment("code", {"kv": {"storage": {"quota": "32Gi"}}}),
-    ])
+    before = snapshot(
+        {**POOL, "status": {"capacity": "96Gi"}},
+        [
+            deployment("chat", {"kv": {"storage": {"quota": "32Gi"}}}),
+            deployment("code", {"kv": {"storage": {"quota": "32Gi"}}}),
+        ],
+    )
     history = History(speed=10)
     ready_at = datetime(2026, 12, 3, 10, 0, 0, tzinfo=UTC).timestamp()
     history.add(0, before, busy="chat", at=ready_at)
@@ -185,8 +244,13 @@ def test_the_plot_explains_itself_with_legends_beside_the_data():
     renderer = FigureCanvasAgg(figure).get_renderer()
     quota_axes, served_axes, hit_axes = figure.axes[:3]
     labels = [text.get_text() for text in quota_axes.get_legend().get_texts()]
-    assert labels == ["chat", "code", "pool capacity", "the load's busy deployment\n(shaded in its colour)",
-                      "a quota change\n(a rebalance round)"]
+    assert labels == [
+        "chat",
+        "code",
+        "pool capacity",
+        "the load's busy deployment\n(shaded in its colour)",
+        "a quota change\n(a rebalance round)",
+    ]
     assert "tokens per second served from each deployment's storage tier" in served_axes.get_title(loc="left")
     assert [line.get_label() for line in served_axes.get_lines()] == ["chat"]  # 0.215 x 20000 tokens/s
     assert served_axes.get_lines()[0].get_ydata()[-1] == 0.215 * 20000 / 1000

@@ -32,7 +32,9 @@ def import_graph() -> dict[str, set[str]]:
                 if node.level:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(anchor + ([base] if base else []))
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+                ]
             else:
                 continue
             graph[name].update(target for target in targets if target in modules and target != name)
@@ -91,14 +93,24 @@ def test_nothing_imports_the_command_line():
 
 
 def test_the_simulator_never_imports_the_test_grounds_or_the_command_line():
-    offending = sorted((m, t) for m, targets in import_graph().items() if _room(m) == "sim"
-                       for t in targets if _room(t) in ("testing", "demo", "cli"))
+    offending = sorted(
+        (m, t)
+        for m, targets in import_graph().items()
+        if _room(m) == "sim"
+        for t in targets
+        if _room(t) in ("testing", "demo", "cli")
+    )
     assert offending == []
 
 
 def test_production_rooms_import_neither_the_simulator_nor_the_grounds():
-    offending = sorted((m, t) for m, targets in import_graph().items() if _room(m) in PRODUCTION
-                       for t in targets if _room(t) in ("sim", "testing", "demo", "cli"))
+    offending = sorted(
+        (m, t)
+        for m, targets in import_graph().items()
+        if _room(m) in PRODUCTION
+        for t in targets
+        if _room(t) in ("sim", "testing", "demo", "cli")
+    )
     assert offending == []
 
 

@@ -30,7 +30,7 @@ def test_console_script_runs():
 
 def test_readme_layout_lists_every_package():
     readme = (ROOT / "README.md").read_text()
-    layout = readme[readme.index("## Layout"):]
+    layout = readme[readme.index("## Layout") :]
     packages = sorted(p.parent.name for p in (ROOT / "operator" / "kvtier").glob("*/__init__.py"))
     missing = [name for name in packages if f"operator/kvtier/{name}/ " not in layout]
     assert not missing, f"README's Layout section does not list {missing}"
@@ -40,11 +40,12 @@ def test_readme_layout_lists_every_package():
 def test_every_silenced_finding_says_why():
     """A `# type: ignore[...]` or `# noqa: ...` names its code and is followed by the reason (issue #19)."""
 
-
     silenced = re.compile(r"#\s*(type:\s*ignore|noqa)\b(?P<rest>.*)$")
     unexplained = []
-    for path in sorted((ROOT / "operator").rglob("*.py")) + sorted((ROOT / "tests").rglob("*.py")) + sorted(
-        (ROOT / "bench").rglob("*.py")
+    for path in (
+        sorted((ROOT / "operator").rglob("*.py"))
+        + sorted((ROOT / "tests").rglob("*.py"))
+        + sorted((ROOT / "bench").rglob("*.py"))
     ):
         for number, line in enumerate(path.read_text().splitlines(), 1):
             match = silenced.search(line)

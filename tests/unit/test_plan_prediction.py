@@ -17,8 +17,11 @@ from kvtier.sim.policies import OracleStaticPolicy, Policy, run_policy
 from kvtier.sim.scenario import load_scenario
 from tests.conftest import REPO_ROOT, SHARED
 
-SCENARIOS = [SHARED / "scenarios" / "three-phased.yaml", REPO_ROOT / "bench" / "scenarios" / "conv-syn-tiny.yaml",
-             REPO_ROOT / "tests" / "data" / "scenarios" / "plan-mixed-models.yaml"]
+SCENARIOS = [
+    SHARED / "scenarios" / "three-phased.yaml",
+    REPO_ROOT / "bench" / "scenarios" / "conv-syn-tiny.yaml",
+    REPO_ROOT / "tests" / "data" / "scenarios" / "plan-mixed-models.yaml",
+]
 TOLERANCE = 0.02
 
 
@@ -35,8 +38,9 @@ class FixedSplit(Policy):
 
 
 def at_capacity(scenario, blocks):
-    resized = scenario.model_copy(update={"pool": scenario.pool.model_copy(
-        update={"capacity_blocks": blocks, "capacity": None})})
+    resized = scenario.model_copy(
+        update={"pool": scenario.pool.model_copy(update={"capacity_blocks": blocks, "capacity": None})}
+    )
     resized._base_dir = scenario._base_dir
     return resized
 
@@ -47,8 +51,9 @@ def test_predicted_hit_ratio_is_what_the_replay_measures(path):
     workloads = scenario.workloads()
     profiles = planning.profiles(scenario, workloads)
     capacities = [round(scenario.capacity_blocks * factor) for factor in (0.5, 1.0, 2.0)]
-    outcomes = planner.plan(profiles, capacities, evaluate=planning.evaluate,
-                            block_bytes=planning.block_bytes(scenario))
+    outcomes = planner.plan(
+        profiles, capacities, evaluate=planning.evaluate, block_bytes=planning.block_bytes(scenario)
+    )
     for predicted in outcomes:
         resized = at_capacity(scenario, predicted.capacity_blocks)
         quotas = {name: tenant.quota_blocks for name, tenant in predicted.per_tenant.items()}

@@ -65,8 +65,9 @@ def bucket_hits(probe):
     return dict(zip(probe.demand.bounds, counts)), total
 
 
-@pytest.mark.parametrize("trace, count", [("mooncake_conversation_trace.jsonl", 400),
-                                          ("mooncake_synthetic_trace.jsonl", 250)])
+@pytest.mark.parametrize(
+    "trace, count", [("mooncake_conversation_trace.jsonl", 400), ("mooncake_synthetic_trace.jsonl", 250)]
+)
 def test_histogram_equals_brute_force_lru_on_real_traces(tmp_path, trace, count):
     requests = trace_requests(trace, count)
     write_log(tmp_path, requests)
@@ -129,8 +130,18 @@ def test_a_restarted_probe_rebuilds_the_same_curve_from_the_retained_files(tmp_p
 
 
 def test_partial_lines_wait_for_their_end_unless_a_newer_file_exists(tmp_path):
-    line = json.dumps({"timestamp": 1.0, "request_id": "a", "model_name": "m", "chunk_size": 512, "seq_len": 9,
-                       "dtypes": [], "shapes": [], "chunk_hashes": ["01", "02"]})
+    line = json.dumps(
+        {
+            "timestamp": 1.0,
+            "request_id": "a",
+            "model_name": "m",
+            "chunk_size": 512,
+            "seq_len": 9,
+            "dtypes": [],
+            "shapes": [],
+            "chunk_hashes": ["01", "02"],
+        }
+    )
     first = tmp_path / "lookup_hashes_20260101_000000_000000.jsonl"
     first.write_text(line[:20])
     probe = make_probe(tmp_path)
@@ -145,13 +156,28 @@ def test_partial_lines_wait_for_their_end_unless_a_newer_file_exists(tmp_path):
 
 
 def test_garbage_lines_are_counted_and_skipped(tmp_path):
-    good = {"timestamp": 5.0, "request_id": "ok", "model_name": "m", "chunk_size": 4, "seq_len": 4, "dtypes": [],
-            "shapes": [], "chunk_hashes": ["aa"]}
+    good = {
+        "timestamp": 5.0,
+        "request_id": "ok",
+        "model_name": "m",
+        "chunk_size": 4,
+        "seq_len": 4,
+        "dtypes": [],
+        "shapes": [],
+        "chunk_hashes": ["aa"],
+    }
     garbage = [
-        b"not json", b"[1, 2, 3]", b"null", b"\xff\xfe\xfd", b'{"timestamp": 1}',
-        json.dumps({**good, "timestamp": "soon"}).encode(), json.dumps({**good, "timestamp": True}).encode(),
-        json.dumps({**good, "chunk_hashes": "aa"}).encode(), json.dumps({**good, "chunk_hashes": [1]}).encode(),
-        json.dumps({**good, "request_id": 3}).encode(), b'{"timestamp": NaN, "request_id": "x", "chunk_hashes": []}',
+        b"not json",
+        b"[1, 2, 3]",
+        b"null",
+        b"\xff\xfe\xfd",
+        b'{"timestamp": 1}',
+        json.dumps({**good, "timestamp": "soon"}).encode(),
+        json.dumps({**good, "timestamp": True}).encode(),
+        json.dumps({**good, "chunk_hashes": "aa"}).encode(),
+        json.dumps({**good, "chunk_hashes": [1]}).encode(),
+        json.dumps({**good, "request_id": 3}).encode(),
+        b'{"timestamp": NaN, "request_id": "x", "chunk_hashes": []}',
         b"x" * 5000,  # longer than max_line_bytes: its start is yielded once, the rest skipped
     ]
     body = b"\n".join([*garbage, b"", json.dumps(good).encode()]) + b"\n"
@@ -207,8 +233,14 @@ def test_hit_curve_from_scraped_buckets():
     assert curve.hits_at(0) == 0 and curve.hits_at(0.5) == 1 and curve.hits_at(3) == 4
     assert curve.hits_at(4) == 6 and curve.hits_at(1e9) == 6
     assert curve.hit_ratio(4) == 0.6 and hit_curve([("+Inf", 0)]).hit_ratio(5) == 0
-    for bad in ([("1", 1)], [("1", 2), ("2", 1), ("+Inf", 2)], [("1", -1), ("+Inf", 1)], [("1", math.nan), ("+Inf", 1)],
-                [("0", 1), ("+Inf", 1)], []):
+    for bad in (
+        [("1", 1)],
+        [("1", 2), ("2", 1), ("+Inf", 2)],
+        [("1", -1), ("+Inf", 1)],
+        [("1", math.nan), ("+Inf", 1)],
+        [("0", 1), ("+Inf", 1)],
+        [],
+    ):
         with pytest.raises(ValueError):
             hit_curve(bad)
 
@@ -223,11 +255,20 @@ async def test_metrics_endpoint_serves_the_curve_and_counters(tmp_path):
         assert (await client.get("/health")).status == 200
     families = {family.name: family for family in text_string_to_metric_families(page)}
     assert set(families) == {
-        "kvtier_probe_stack_distance_chunks", "kvtier_probe_stack_distance_bytes", "kvtier_probe_lookups",
-        "kvtier_probe_chunks", "kvtier_probe_garbage_lines", "kvtier_probe_duplicate_lookups",
-        "kvtier_probe_decay_ticks", "kvtier_probe_tracked_chunks", "kvtier_probe_max_chunks",
-        "kvtier_probe_chunk_bytes", "kvtier_probe_window_seconds", "kvtier_probe_tick_seconds",
-        "kvtier_probe_last_lookup_timestamp_seconds"}
+        "kvtier_probe_stack_distance_chunks",
+        "kvtier_probe_stack_distance_bytes",
+        "kvtier_probe_lookups",
+        "kvtier_probe_chunks",
+        "kvtier_probe_garbage_lines",
+        "kvtier_probe_duplicate_lookups",
+        "kvtier_probe_decay_ticks",
+        "kvtier_probe_tracked_chunks",
+        "kvtier_probe_max_chunks",
+        "kvtier_probe_chunk_bytes",
+        "kvtier_probe_window_seconds",
+        "kvtier_probe_tick_seconds",
+        "kvtier_probe_last_lookup_timestamp_seconds",
+    }
     names = {sample.name for family in families.values() for sample in family.samples}
     assert all(re.fullmatch(r"kvtier_probe_[a-z0-9_]+", name) for name in names)
     assert {"kvtier_probe_lookups_total", "kvtier_probe_garbage_lines_total"} <= names

@@ -66,12 +66,15 @@ def current_split(draw, demands, capacity):
 def _brute_force(demands, capacity):
     """The best predicted value over every feasible integer split."""
     names = list(demands)
-    ranges = [range(demands[n].min_units, capacity + 1 if demands[n].max_units is None else
-                    min(capacity, demands[n].max_units) + 1) for n in names]
+    ranges = [
+        range(
+            demands[n].min_units,
+            capacity + 1 if demands[n].max_units is None else min(capacity, demands[n].max_units) + 1,
+        )
+        for n in names
+    ]
     return max(
-        predict(demands, dict(zip(names, split)))
-        for split in itertools.product(*ranges)
-        if sum(split) <= capacity
+        predict(demands, dict(zip(names, split))) for split in itertools.product(*ranges) if sum(split) <= capacity
     )
 
 

@@ -25,7 +25,8 @@ def test_preset_shapes_give_the_published_kv_sizes():
 def test_prefill_time_adds_up_and_a_deep_block_costs_more_than_a_shallow_one():
     model = preset("llama-3-70b-4xh100")
     assert model.prefill_seconds(0, 60_000) == pytest.approx(
-        model.prefill_seconds(0, 20_000) + model.prefill_seconds(20_000, 60_000))
+        model.prefill_seconds(0, 20_000) + model.prefill_seconds(20_000, 60_000)
+    )
     first, deep = model.prefill_seconds(0, 512), model.prefill_seconds(99_488, 100_000)
     assert deep > 2 * first  # the attention term: (b^2 - a^2) grows with the block's position
     # So a hit token of a long prompt saves more GPU time than one of a short prompt.
@@ -45,8 +46,7 @@ def test_loads_overlap_compute_layer_by_layer():
     assert queue.gpu_seconds_saved == pytest.approx(1.0) and queue.gpu_seconds == pytest.approx(0.5)
 
 
-def _closed_loop(model: CostModel, prompt_tokens: int, hit_tokens: int, clients: int = 16,
-                 rounds: int = 20) -> float:
+def _closed_loop(model: CostModel, prompt_tokens: int, hit_tokens: int, clients: int = 16, rounds: int = 20) -> float:
     """``clients`` users each sending their next prompt when the last one's first token arrives; TTFT p50."""
     queue = PrefillQueue(model, cpu_read_bytes_per_second=20e9)
     ready = [0.0] * clients

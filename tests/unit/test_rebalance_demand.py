@@ -27,15 +27,19 @@ def test_a_scraped_probe_page_is_the_reading_of_the_probe_itself(window):
     assert scraped is not None and direct.decay_ticks > 0
     assert scraped.bounds == pytest.approx(direct.bounds) and scraped.cumulative == pytest.approx(direct.cumulative)
     assert (scraped.total, scraped.lookups, scraped.decay_ticks) == pytest.approx(
-        (direct.total, direct.lookups, direct.decay_ticks))
+        (direct.total, direct.lookups, direct.decay_ticks)
+    )
     assert scraped.decay_per_tick == pytest.approx(direct.decay_per_tick)
 
 
 def test_a_page_without_the_probe_or_counters_gives_no_reading():
     assert probe_reading_of(Snapshot(), 1.0) is None
     assert counter_reading_of(Snapshot(lmcache_requested=10.0, lmcache_hit_l2=2.0), 1.0, 4096) is None
-    reading = counter_reading_of(Snapshot(lmcache_requested=10.0, lmcache_hit_l2=2.0, storage_quota_bytes=3 * 4096.0,
-                                          lmcache_lookups=4.0), 1.0, 4096)
+    reading = counter_reading_of(
+        Snapshot(lmcache_requested=10.0, lmcache_hit_l2=2.0, storage_quota_bytes=3 * 4096.0, lmcache_lookups=4.0),
+        1.0,
+        4096,
+    )
     assert (reading.quota_units, reading.requested_tokens, reading.storage_hit_tokens, reading.lookups) == (3, 10, 2, 4)
 
 

@@ -105,7 +105,7 @@ def test_the_window_follows_a_phase_change_within_an_interval_whatever_the_probe
         for tick in range(11 * 4):
             now = tick * 15.0
             phase = old if now < 10 * interval else new
-            _feed(probe, phase[60 * tick:60 * (tick + 1)], now, 0.25)
+            _feed(probe, phase[60 * tick : 60 * (tick + 1)], now, 0.25)
             probe.advance(now + 15)
             estimator.observe_probe(probe_reading(probe, now + 15))
             if now + 15 in (10 * interval, 11 * interval):

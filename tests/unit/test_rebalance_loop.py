@@ -32,8 +32,10 @@ FREE = LoopSettings(max_step=1.0, cooldown_seconds=0.0)
 
 
 def _pool(busy=50, idle=50, busy_options=None, idle_options=None):
-    return {"busy": DeploymentState(busy, _estimate(BUSY), **(busy_options or {})),
-            "idle": DeploymentState(idle, _estimate(IDLE), **(idle_options or {}))}
+    return {
+        "busy": DeploymentState(busy, _estimate(BUSY), **(busy_options or {})),
+        "idle": DeploymentState(idle, _estimate(IDLE), **(idle_options or {})),
+    }
 
 
 def test_capacity_moves_to_the_busy_deployment_and_the_decision_explains_it():
@@ -49,8 +51,9 @@ def test_capacity_moves_to_the_busy_deployment_and_the_decision_explains_it():
 def test_a_gain_below_min_gain_moves_nothing():
     nearly = decide(_pool(busy=85, idle=15), 100, FREE, now=0.0)
     assert nearly.outcome == "moved" and nearly.predicted_gain < 0.05
-    decision = decide(_pool(busy=85, idle=15), 100, LoopSettings(min_gain=0.05, max_step=1.0, cooldown_seconds=0),
-                      now=0.0)
+    decision = decide(
+        _pool(busy=85, idle=15), 100, LoopSettings(min_gain=0.05, max_step=1.0, cooldown_seconds=0), now=0.0
+    )
     assert decision.outcome == "below-min-gain" and not decision.applies
     assert decision.target == {"busy": 85, "idle": 15} and decision.proposed == nearly.proposed
 
@@ -101,8 +104,11 @@ def test_a_pool_holding_more_than_it_may_divide_makes_room_whatever_the_gain():
 
 
 def test_a_stale_deployment_is_frozen_and_the_others_share_the_rest():
-    pool = {**_pool(busy=20, idle=50), "gone": DeploymentState(30, _estimate(BUSY, stale=True)),
-            "new": DeploymentState(0, None)}
+    pool = {
+        **_pool(busy=20, idle=50),
+        "gone": DeploymentState(30, _estimate(BUSY, stale=True)),
+        "new": DeploymentState(0, None),
+    }
     decision = decide(pool, 100, FREE, now=0.0)
     assert decision.frozen == ("gone", "new") and "(frozen: gone, new)" in decision.reason
     assert decision.target["gone"] == 30 and decision.target["new"] == 0
@@ -126,8 +132,10 @@ def test_bounds_hold_even_against_the_curves():
 
 
 def test_proportional_shares_by_weight_times_access_rate():
-    pool = {"a": DeploymentState(50, _estimate(BUSY, rate=300.0)),
-            "b": DeploymentState(50, _estimate(IDLE, rate=100.0), weight=2.0)}
+    pool = {
+        "a": DeploymentState(50, _estimate(BUSY, rate=300.0)),
+        "b": DeploymentState(50, _estimate(IDLE, rate=100.0), weight=2.0),
+    }
     decision = decide(pool, 100, LoopSettings(policy="Proportional", max_step=1.0, cooldown_seconds=0), now=0.0)
     assert decision.target == {"a": 60, "b": 40} and decision.outcome == "moved"
     assert decision.predicted_gain == pytest.approx(0.10)  # the share of the pool moved
@@ -166,12 +174,24 @@ def _rounds(draw):
         left -= current - low
         steps = draw(st.lists(st.floats(0, 10), min_size=1, max_size=40))
         curve = list(accumulate([0.0] + steps))
-        estimate = draw(st.one_of(st.none(), st.builds(
-            Estimate, st.just(tuple(curve)), st.floats(0, 1), st.booleans(), st.just("probe"), st.floats(0, 100))))
-        deployments[name] = DeploymentState(current, estimate, min_units=low, max_units=high,
-                                            unit_tokens=draw(st.one_of(st.none(), st.floats(1, 100))))
-    loop = LoopSettings(draw(st.sampled_from(["MarginalGain", "Proportional"])), draw(st.floats(0, 0.2)),
-                        draw(st.floats(0.01, 1)), 0.0, draw(st.booleans()))
+        estimate = draw(
+            st.one_of(
+                st.none(),
+                st.builds(
+                    Estimate, st.just(tuple(curve)), st.floats(0, 1), st.booleans(), st.just("probe"), st.floats(0, 100)
+                ),
+            )
+        )
+        deployments[name] = DeploymentState(
+            current, estimate, min_units=low, max_units=high, unit_tokens=draw(st.one_of(st.none(), st.floats(1, 100)))
+        )
+    loop = LoopSettings(
+        draw(st.sampled_from(["MarginalGain", "Proportional"])),
+        draw(st.floats(0, 0.2)),
+        draw(st.floats(0.01, 1)),
+        0.0,
+        draw(st.booleans()),
+    )
     return deployments, capacity, loop
 
 

@@ -21,8 +21,15 @@ def profile(name, requests, prompts=None, **fields):
     """A tenant whose requests (block id lists) arrive one a second."""
     tracker = StackDistanceTracker()
     prompts = prompts or [len(blocks) * BLOCK_TOKENS for blocks in requests]
-    return planner.TenantProfile(name, [float(i) for i in range(len(requests))], prompts,
-                                 [tracker.access(blocks) for blocks in requests], BLOCK_TOKENS, COST, **fields)
+    return planner.TenantProfile(
+        name,
+        [float(i) for i in range(len(requests))],
+        prompts,
+        [tracker.access(blocks) for blocks in requests],
+        BLOCK_TOKENS,
+        COST,
+        **fields,
+    )
 
 
 def lru_hits(requests, quota):
@@ -122,8 +129,12 @@ def test_prices_per_array_round_up_and_per_tb_is_linear():
 def test_price_table_from_a_configmap_and_errors_name_the_field():
     import yaml
 
-    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "p"},
-                 "data": {"prices.yaml": yaml.safe_dump(PRICES)}}
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "p"},
+        "data": {"prices.yaml": yaml.safe_dump(PRICES)},
+    }
     assert planner.price_table(configmap).amortization_years == 2
     with pytest.raises(ValueError, match=r"data.prices.yaml"):
         planner.price_table({"kind": "ConfigMap", "data": {}})
@@ -167,8 +178,9 @@ def test_pick_by_price_per_saved_gpu_hour():
 def test_refine_bisects_toward_the_smallest_capacity_meeting_the_target():
     tenant = profile("a", [[i % 40] for i in range(400)])  # a loop of 40 blocks: hits only from 40 blocks on
     coarse = planner.plan([tenant], [10, 80], evaluate=planning.evaluate, block_bytes=1)
-    refined = planner.refine([tenant], coarse, planner.Targets(hit_ratio=0.5), evaluate=planning.evaluate,
-                             block_bytes=1, steps=8)
+    refined = planner.refine(
+        [tenant], coarse, planner.Targets(hit_ratio=0.5), evaluate=planning.evaluate, block_bytes=1, steps=8
+    )
     chosen = planner.pick(refined, planner.Targets(hit_ratio=0.5))
     assert chosen.capacity.capacity_blocks == 40
 
@@ -177,13 +189,21 @@ def test_caveats_name_tenants_with_tiers_in_front_of_the_pool(tmp_path):
     from kvtier.sim.scenario import Scenario
 
     tenant = {"trace": "t.jsonl", "kvBytesPerToken": 1, "prefillTokensPerSecond": 1, "storageReadBytesPerSecond": 1}
-    scenario = Scenario.model_validate({
-        "version": 1, "name": "s", "epochSeconds": 1, "scrapeSeconds": 1, "pool": {"capacityBlocks": 4},
-        "policies": ["equal"],
-        "tenants": [{"name": "plain", **tenant}, {"name": "fronted", "cpuBlocks": 8, **tenant}]})
+    scenario = Scenario.model_validate(
+        {
+            "version": 1,
+            "name": "s",
+            "epochSeconds": 1,
+            "scrapeSeconds": 1,
+            "pool": {"capacityBlocks": 4},
+            "policies": ["equal"],
+            "tenants": [{"name": "plain", **tenant}, {"name": "fronted", "cpuBlocks": 8, **tenant}],
+        }
+    )
     assert planning.caveats(scenario) == [
         "tenants fronted have HBM/CPU tiers in front of the pool (hbmBlocks/cpuBlocks); the plan takes the pool as "
-        "their only tier, so it over-states the pool's hits for them"]
+        "their only tier, so it over-states the pool's hits for them"
+    ]
     assert planning.caveats(scenario.model_copy(update={"tenants": scenario.tenants[:1]})) == []
 
 
@@ -201,15 +221,20 @@ def test_live_pools_read_chunk_curves_bounds_and_say_who_is_left_out():
     deployment["metadata"]["namespace"] = "ml"
     chunk_bytes = deployment["spec"]["kvCache"].get("chunkSize", 256) * 253952  # the example's model
     published = copy.deepcopy(deployment)
-    published["status"] = {"kv": {"promptTokensPerSecond": 100.0, "demand": {
-        "unit": "chunks", "points": [{"capacity": 1000, "hitRatio": 0.5}]}}}
+    published["status"] = {
+        "kv": {
+            "promptTokensPerSecond": 100.0,
+            "demand": {"unit": "chunks", "points": [{"capacity": 1000, "hitRatio": 0.5}]},
+        }
+    }
     silent = copy.deepcopy(deployment)
     silent["metadata"]["name"] = "silent"
     broken = {"kind": "InferenceDeployment", "metadata": {"name": "broken"}, "spec": {"replicas": "many"}}
     [live] = live_pools([pool], [published, silent, broken], preset("llama-3-70b-4xh100"))
     [profile] = live.profiles
     assert profile.name == "ml/coder-480b" and live.without_curve == [
-        "ml/silent: no status.kv.demand yet (the probe publishes it once lookups arrive)"]
+        "ml/silent: no status.kv.demand yet (the probe publishes it once lookups arrive)"
+    ]
     replicas = deployment["spec"]["replicas"]
     assert profile.points == [(1000 * chunk_bytes, 0.5)]
     assert profile.hit_ratio(500 * chunk_bytes * replicas / LIVE_BLOCK_BYTES) == pytest.approx(0.25)

@@ -468,7 +468,9 @@ def test_pod_monitor_only_when_asked_and_scraping_named_ports():
     pod = statefulset(objects)["spec"]["template"]
     ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
     endpoints = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
-    assert endpoints == {"http", "lmcache-api", "probe-metrics"} and endpoints <= ports  # LMCache: /metrics on its API port
+    assert (
+        endpoints == {"http", "lmcache-api", "probe-metrics"} and endpoints <= ports
+    )  # LMCache: /metrics on its API port
     assert "--prometheus-port" not in container(objects, "lmcache")["args"]  # 0.5.6 never opens it
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"

@@ -12,16 +12,28 @@ UUID = "5b0c8d4e-0f1a-4c2b-9d3e-00000000000a"
 
 
 def nvmeof_volume():
-    pool = KVPool.model_validate({"metadata": {"name": "fx100-a"}, "spec": {"capacity": "4Ti", "storage": {"nvmeof": {
-        "targets": [{"address": "192.0.2.10"}],
-        "namespaces": [{"nqn": "nqn.2024-06.com.example:kv-0", "uuid": UUID, "size": "4Ti"}]}}}})
+    pool = KVPool.model_validate(
+        {
+            "metadata": {"name": "fx100-a"},
+            "spec": {
+                "capacity": "4Ti",
+                "storage": {
+                    "nvmeof": {
+                        "targets": [{"address": "192.0.2.10"}],
+                        "namespaces": [{"nqn": "nqn.2024-06.com.example:kv-0", "uuid": UUID, "size": "4Ti"}],
+                    }
+                },
+            },
+        }
+    )
     backend = NVMeoFBackend(pool)
     return backend.persistent_volume(backend.spec.namespaces[0], "ml", "kv-store-coder-0")
 
 
 def hostpath_volume():
-    pool = KVPool.model_validate({"metadata": {"name": "dev"}, "spec": {"capacity": "1Ti",
-                                                                         "storage": {"hostPath": {"path": "/var/kv"}}}})
+    pool = KVPool.model_validate(
+        {"metadata": {"name": "dev"}, "spec": {"capacity": "1Ti", "storage": {"hostPath": {"path": "/var/kv"}}}}
+    )
     return HostPathBackend(pool).persistent_volume("ml", "kv-store-coder-0", 2**30)
 
 

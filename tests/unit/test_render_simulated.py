@@ -33,8 +33,9 @@ def containers(spec):
 def test_simulated_pods_keep_their_shape_and_run_kvsim(case):
     real = pod_spec(case, RenderOptions())
     simulated = pod_spec(case, RenderOptions(simulated_engine_image=IMAGE))
-    kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": simulated},
-                                 "1.33", strict=True)
+    kubernetes_validate.validate(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": simulated}, "1.33", strict=True
+    )
     before, after = containers(real), containers(simulated)
     assert list(before) == list(after)
     for name in before:  # ports, probes and resources are untouched: kind schedules and probes the same pod
@@ -76,10 +77,26 @@ def test_kvtier_sim_pod_serves_the_rendered_faces(tmp_path):
     args = containers(spec)["vllm"]["args"]
     # The log directory is an emptyDir in the pod; here a temporary directory stands in for it.
     lmcache = [str(tmp_path) if word == LOOKUP_LOG_DIR else word for word in shlex.split(args[3])]
-    command = [sys.executable, "-m", "kvtier", "sim", "pod", "--host", "127.0.0.1",
-               "--vllm", args[1], "--lmcache", shlex.join(lmcache)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "KVSIM_HBM_BLOCKS": "64"})
+    command = [
+        sys.executable,
+        "-m",
+        "kvtier",
+        "sim",
+        "pod",
+        "--host",
+        "127.0.0.1",
+        "--vllm",
+        args[1],
+        "--lmcache",
+        shlex.join(lmcache),
+    ]
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "KVSIM_HBM_BLOCKS": "64"},
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -91,16 +108,20 @@ def test_kvtier_sim_pod_serves_the_rendered_faces(tmp_path):
                 assert time.monotonic() < deadline, "kvtier sim pod did not answer within 30s"
                 time.sleep(0.2)
         assert "vllm:kv_cache_usage_perc" in _get(f"http://127.0.0.1:{ports['vllm_port']}/metrics")
-        request = urllib.request.Request(f"http://127.0.0.1:{ports['lmcache_http_port']}/quota/_default",
-                                         data=b'{"limit_gb": 3}', method="PUT")
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{ports['lmcache_http_port']}/quota/_default", data=b'{"limit_gb": 3}', method="PUT"
+        )
         assert json.loads(urllib.request.urlopen(request, timeout=2).read())["limit_gb"] == 3
         # /metrics on LMCache's HTTP port, as 0.5.6 serves it
         assert "lmcache_mp_l2_usage_bytes" in _get(f"http://127.0.0.1:{ports['lmcache_http_port']}/metrics")
         model = json.loads(_get(f"http://127.0.0.1:{ports['vllm_port']}/v1/models"))["data"][0]["id"]
         assert model == "Qwen/Qwen3-8B"  # from the rendered `vllm serve MODEL`
         prompt = json.dumps({"model": model, "prompt": list(range(600)), "max_tokens": 1}).encode()
-        completion = urllib.request.Request(f"http://127.0.0.1:{ports['vllm_port']}/v1/completions", data=prompt,
-                                            headers={"Content-Type": "application/json"})
+        completion = urllib.request.Request(
+            f"http://127.0.0.1:{ports['vllm_port']}/v1/completions",
+            data=prompt,
+            headers={"Content-Type": "application/json"},
+        )
         urllib.request.urlopen(completion, timeout=5).read()
         assert any(tmp_path.iterdir()), "no lookup-hash log in the rendered --lookup-hash-log-dir"
     finally:
@@ -110,8 +131,12 @@ def test_kvtier_sim_pod_serves_the_rendered_faces(tmp_path):
 
 
 def test_kvtier_sim_pod_refuses_other_command_lines():
-    result = subprocess.run([sys.executable, "-m", "kvtier", "sim", "pod", "--vllm", "python -m http.server"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "kvtier", "sim", "pod", "--vllm", "python -m http.server"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "not a `vllm serve ...` command line" in result.stderr
 
@@ -144,8 +169,20 @@ def test_kvtier_run_wires_simulation_and_peering_into_the_operator(monkeypatch):
         seen.append(config)
 
     monkeypatch.setattr(kvtier.controllers, "run_operator", run_operator)
-    result = CliRunner().invoke(main, ["run", "--simulated-engine-image", IMAGE, "--probe-image", "probe:1",
-                                       "--peering", "kvtier", "--priority", "7"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "run",
+            "--simulated-engine-image",
+            IMAGE,
+            "--probe-image",
+            "probe:1",
+            "--peering",
+            "kvtier",
+            "--priority",
+            "7",
+        ],
+    )
     assert result.exit_code == 0, result.output
     (config,) = seen
     assert config.render == simulated_options(RenderOptions(probe_image="probe:1"), IMAGE)

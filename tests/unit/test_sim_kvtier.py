@@ -25,14 +25,28 @@ def _phased_scenario(tmp_path, lines=1000, **extra):
     with open(CONVERSATION, encoding="utf-8") as source:
         head = [next(source) for _ in range(lines)]
     (tmp_path / "head.jsonl").write_text("".join(head))
-    tenant = {"trace": "head.jsonl", "kvBytesPerToken": 327680, "prefillTokensPerSecond": 20000,
-              "storageReadBytesPerSecond": 5e9}
+    tenant = {
+        "trace": "head.jsonl",
+        "kvBytesPerToken": 327680,
+        "prefillTokensPerSecond": 20000,
+        "storageReadBytesPerSecond": 5e9,
+    }
     path = tmp_path / "phased.yaml"
-    path.write_text(yaml.safe_dump({
-        "version": 1, "name": "phased", "blockTokens": 512, "epochSeconds": 30, "scrapeSeconds": 5,
-        "pool": {"capacityBlocks": 8000},
-        "tenants": [{**tenant, "name": "first"}, {**tenant, "name": "second", "timeShiftSeconds": 330}],
-        "policies": ["equal", "kvtier"], **extra}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "name": "phased",
+                "blockTokens": 512,
+                "epochSeconds": 30,
+                "scrapeSeconds": 5,
+                "pool": {"capacityBlocks": 8000},
+                "tenants": [{**tenant, "name": "first"}, {**tenant, "name": "second", "timeShiftSeconds": 330}],
+                "policies": ["equal", "kvtier"],
+                **extra,
+            }
+        )
+    )
     return path
 
 
@@ -58,8 +72,7 @@ def test_kvtier_decides_only_from_the_past(tmp_path):
     """Cutting the traces after 400 s changes no decision made before: nothing reads ahead."""
     scenario = load_scenario(_phased_scenario(tmp_path, rebalance=EAGER))
     workloads = scenario.workloads()
-    cut = [type(w)(w.name, [r for r in w.requests if r.arrival < 400], w.params, w.salt, w.replicas)
-           for w in workloads]
+    cut = [type(w)(w.name, [r for r in w.requests if r.arrival < 400], w.params, w.salt, w.replicas) for w in workloads]
     whole, part = KvtierPolicy(scenario), KvtierPolicy(scenario)
     run_policy(whole, scenario, workloads)
     run_policy(part, scenario, cut)
@@ -79,7 +92,10 @@ def test_a_scenario_without_rebalance_replays_the_kvpool_defaults(tmp_path):
     spec = RebalanceSpec()
     assert policy.settings == LoopSettings.from_spec(spec) == LoopSettings()
     assert (policy.settings.policy, policy.settings.min_gain, policy.settings.max_step) == (
-        fields["policy"].default, fields["min_gain"].default, fields["max_step"].default)
+        fields["policy"].default,
+        fields["min_gain"].default,
+        fields["max_step"].default,
+    )
     assert policy.settings.interval_seconds == spec.interval != scenario.epoch_seconds
     run_policy(policy, scenario)
     times = [now for now, _ in policy.decisions]
@@ -92,8 +108,19 @@ def test_kvtier_through_the_replay_cli_with_the_shipped_defaults(tmp_path):
     spec = RebalanceSpec()
     path = _phased_scenario(tmp_path)
     out = tmp_path / "out.json"
-    command = [sys.executable, "-m", "kvtier", "sim", "replay", "--scenario", str(path), "--json", str(out),
-               "--markdown", str(tmp_path / "out.md")]
+    command = [
+        sys.executable,
+        "-m",
+        "kvtier",
+        "sim",
+        "replay",
+        "--scenario",
+        str(path),
+        "--json",
+        str(out),
+        "--markdown",
+        str(tmp_path / "out.md"),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert re.search(r"kvtier: .*block accesses/s", done.stderr)
@@ -123,8 +150,12 @@ def test_the_replay_reads_the_probe_as_the_operator_reads_its_page():
     if not CONVERSATION.exists():
         pytest.skip(f"trace {CONVERSATION} is absent")
     defaults = ProbeOptions(log_dir="")
-    probe = DemandProbe(defaults.max_blocks, window_seconds=defaults.window, tick_seconds=defaults.tick,
-                        buckets_per_octave=defaults.buckets_per_octave)
+    probe = DemandProbe(
+        defaults.max_blocks,
+        window_seconds=defaults.window,
+        tick_seconds=defaults.tick,
+        buckets_per_octave=defaults.buckets_per_octave,
+    )
     registry = CollectorRegistry()
     registry.register(probe)
     requests = load_trace(CONVERSATION)[:1500]

@@ -27,26 +27,51 @@ LOG_DIR = "/var/run/kvtier/lookup-hashes"
 
 def pod(trace_path=None):
     """A pod shaped like the renderer's LMCacheMP replica (vllm, lmcache and the probe sharing an emptyDir)."""
-    env = [{"name": "KVSIM_BLOCK_TOKENS", "value": "4"}, {"name": "KVSIM_HBM_BLOCKS", "value": "16"},
-           {"name": "KVSIM_CPU_BLOCKS", "value": "8"},
-           {"name": "KVSIM_SPEED", "value": "1e9"}]
+    env = [
+        {"name": "KVSIM_BLOCK_TOKENS", "value": "4"},
+        {"name": "KVSIM_HBM_BLOCKS", "value": "16"},
+        {"name": "KVSIM_CPU_BLOCKS", "value": "8"},
+        {"name": "KVSIM_SPEED", "value": "1e9"},
+    ]
     if trace_path:
         env.append({"name": "KVSIM_TRACE", "value": str(trace_path)})
     mount = {"name": "lookup-hashes", "mountPath": LOG_DIR}
     return {
         "metadata": {"name": "chat-0", "namespace": "default", "uid": str(uuid.uuid4())},
-        "spec": {"containers": [
-            {"name": "vllm", "command": ["vllm", "serve"], "env": env,
-             "args": ["meta-llama/Llama-3.1-70B", "--served-model-name", "chat", "--port", "8000"]},
-            {"name": "lmcache", "command": ["lmcache", "server"], "volumeMounts": [mount],
-             "args": ["--port", "5555", "--http-port", "8080",
-                      "--lookup-hash-log-dir", LOG_DIR, "--lookup-hash-log-rotation-interval", "600",
-                      "--lookup-hash-log-max-files", "6"]},
-            {"name": "kvtier-probe", "command": ["kvtier", "probe"],
-             "volumeMounts": [{**mount, "mountPath": "/logs", "readOnly": True}],
-             "args": ["--log-dir", "/logs", "--chunk-bytes", "1310720", "--port", "9400"]},
-            {"name": "sidecar", "command": ["sh", "-c", "sleep infinity"]},
-        ]},
+        "spec": {
+            "containers": [
+                {
+                    "name": "vllm",
+                    "command": ["vllm", "serve"],
+                    "env": env,
+                    "args": ["meta-llama/Llama-3.1-70B", "--served-model-name", "chat", "--port", "8000"],
+                },
+                {
+                    "name": "lmcache",
+                    "command": ["lmcache", "server"],
+                    "volumeMounts": [mount],
+                    "args": [
+                        "--port",
+                        "5555",
+                        "--http-port",
+                        "8080",
+                        "--lookup-hash-log-dir",
+                        LOG_DIR,
+                        "--lookup-hash-log-rotation-interval",
+                        "600",
+                        "--lookup-hash-log-max-files",
+                        "6",
+                    ],
+                },
+                {
+                    "name": "kvtier-probe",
+                    "command": ["kvtier", "probe"],
+                    "volumeMounts": [{**mount, "mountPath": "/logs", "readOnly": True}],
+                    "args": ["--log-dir", "/logs", "--chunk-bytes", "1310720", "--port", "9400"],
+                },
+                {"name": "sidecar", "command": ["sh", "-c", "sleep infinity"]},
+            ]
+        },
     }
 
 
@@ -97,8 +122,11 @@ async def test_a_pods_three_containers_share_one_engine_and_are_scraped(tmp_path
     # The probe read the log the lmcache container wrote, through the shared volume.
     assert total(probe["kvtier_probe_lookups"]) == 2
     assert total(probe["kvtier_probe_chunks"]) == 40
-    buckets = {s.labels["le"]: s.value for s in probe["kvtier_probe_stack_distance_chunks"].samples
-               if s.name.endswith("_bucket")}
+    buckets = {
+        s.labels["le"]: s.value
+        for s in probe["kvtier_probe_stack_distance_chunks"].samples
+        if s.name.endswith("_bucket")
+    }
     # The repeat's block k sits at stack distance k + 1: an LRU of C chunks hits min(C, 20) of them.
     assert (buckets["8.0"], buckets["16.0"], buckets["32.0"], buckets["+Inf"]) == (8, 16, 20, 40)
     assert engines.server(spec["metadata"]["uid"]) is None  # the last container stopped: the engine is gone
@@ -108,8 +136,12 @@ async def test_a_pods_three_containers_share_one_engine_and_are_scraped(tmp_path
 def write_trace(path, count):
     """A small Mooncake-format trace: `count` requests at once, each sharing its first block."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"timestamp": 0, "input_length": 1024, "output_length": 4,
-                                        "hash_ids": [1, 100 + index]}) + "\n" for index in range(count)))
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [1, 100 + index]}) + "\n"
+            for index in range(count)
+        )
+    )
     return path
 
 
@@ -181,14 +213,17 @@ async def test_unknown_containers_get_the_fallback_and_bad_arguments_serve_nothi
     assert handle.parts == [] and engines.server(spec["metadata"]["uid"]) is None
 
 
-@pytest.mark.parametrize("container, kind", [
-    ({"command": ["vllm", "serve"], "args": ["m"]}, "vllm"),
-    ({"command": ["/usr/local/bin/vllm"], "args": ["serve", "m", "--port=9"]}, "vllm"),
-    ({"command": ["sh", "-c", "exec lmcache server --http-port 1"]}, "lmcache"),
-    ({"command": ["kvtier", "probe"], "args": ["--log-dir", "/x"]}, "probe"),
-    ({"command": ["python", "-m", "http.server"]}, None),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "container, kind",
+    [
+        ({"command": ["vllm", "serve"], "args": ["m"]}, "vllm"),
+        ({"command": ["/usr/local/bin/vllm"], "args": ["serve", "m", "--port=9"]}, "vllm"),
+        ({"command": ["sh", "-c", "exec lmcache server --http-port 1"]}, "lmcache"),
+        ({"command": ["kvtier", "probe"], "args": ["--log-dir", "/x"]}, "probe"),
+        ({"command": ["python", "-m", "http.server"]}, None),
+        ({}, None),
+    ],
+)
 def test_containers_are_recognised_by_their_command_line(container, kind):
     recognised = container_kind(container)
     assert (recognised[0] if recognised else None) == kind
@@ -209,8 +244,10 @@ async def test_the_rendered_example_replica_runs_under_kvsim():
 
     rendered = render_documents(read_documents([str(ROOT / "manifests" / "examples")]))
     template = next(o for o in rendered.objects if o["kind"] == "StatefulSet")["spec"]["template"]
-    replica = {"metadata": {**template["metadata"], "name": "replica-0", "uid": str(uuid.uuid4())},
-               "spec": template["spec"]}
+    replica = {
+        "metadata": {**template["metadata"], "name": "replica-0", "uid": str(uuid.uuid4())},
+        "spec": template["spec"],
+    }
     names = [c["name"] for c in replica["spec"]["containers"]]
     assert names == ["vllm", "lmcache", "kvtier-probe"]
     host = address()
@@ -238,6 +275,9 @@ async def test_the_rendered_example_replica_runs_under_kvsim():
         for handle in handles:
             await handle.stop()
     assert total(probe["kvtier_probe_lookups"]) == 2
-    in_bytes = {float(s.labels["le"]): s.value for s in probe["kvtier_probe_stack_distance_bytes"].samples
-                if s.name.endswith("_bucket")}
+    in_bytes = {
+        float(s.labels["le"]): s.value
+        for s in probe["kvtier_probe_stack_distance_bytes"].samples
+        if s.name.endswith("_bucket")
+    }
     assert in_bytes[4 * 65011712] == 4  # the repeat's 4 chunks hit a cache of 4 chunks' bytes

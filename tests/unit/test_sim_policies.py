@@ -63,11 +63,25 @@ def _workload(name, arrivals, blocks):
 
 def _toy_scenario(tmp_path, capacity=10):
     path = tmp_path / "toy.yaml"
-    tenant = {"trace": "unused.jsonl", "kvBytesPerToken": 1000, "prefillTokensPerSecond": 1000,
-              "storageReadBytesPerSecond": 1e9}
-    path.write_text(yaml.safe_dump({
-        "version": 1, "name": "toy", "epochSeconds": 10, "scrapeSeconds": 5, "pool": {"capacityBlocks": capacity},
-        "tenants": [{**tenant, "name": "a"}, {**tenant, "name": "b"}], "policies": ["equal"]}))
+    tenant = {
+        "trace": "unused.jsonl",
+        "kvBytesPerToken": 1000,
+        "prefillTokensPerSecond": 1000,
+        "storageReadBytesPerSecond": 1e9,
+    }
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "name": "toy",
+                "epochSeconds": 10,
+                "scrapeSeconds": 5,
+                "pool": {"capacityBlocks": capacity},
+                "tenants": [{**tenant, "name": "a"}, {**tenant, "name": "b"}],
+                "policies": ["equal"],
+            }
+        )
+    )
     return load_scenario(path)
 
 
@@ -172,8 +186,11 @@ def test_proportional_shares_follow_the_request_rates(three_phased):
     _, result, timeline = runs["proportional"]
     requests = {w.name: len(w.requests) for w in workloads}
     assert requests == {"conv": 12_031, "synA": 3_993, "synB": 3_993}
-    assert timeline.quotas[0] == apportion(requests, scenario.capacity_blocks) == {"conv": 8133, "synA": 2699,
-                                                                                    "synB": 2699}
+    assert (
+        timeline.quotas[0]
+        == apportion(requests, scenario.capacity_blocks)
+        == {"conv": 8133, "synA": 2699, "synB": 2699}
+    )
     assert _ratio(runs, "equal") < _ratio(runs, "proportional") <= _ratio(runs, "oracle-static")
     assert timeline.moves == 0
 
@@ -187,27 +204,70 @@ def _prefix_scenario(tmp_path, lines=300):
         with open(TRACES / f"mooncake_{trace}_trace.jsonl", encoding="utf-8") as source:
             head = [next(source) for _ in range(lines)]
         (tmp_path / f"{name}.jsonl").write_text("".join(head))
-        tenants.append({"name": name, "trace": f"{name}.jsonl", "kvBytesPerToken": 327680,
-                        "prefillTokensPerSecond": 20000, "storageReadBytesPerSecond": 5e9})
+        tenants.append(
+            {
+                "name": name,
+                "trace": f"{name}.jsonl",
+                "kvBytesPerToken": 327680,
+                "prefillTokensPerSecond": 20000,
+                "storageReadBytesPerSecond": 5e9,
+            }
+        )
     path = tmp_path / "prefix.yaml"
-    path.write_text(yaml.safe_dump({
-        "version": 1, "name": "prefix", "blockTokens": 512, "epochSeconds": 10, "scrapeSeconds": 5,
-        "pool": {"capacityBlocks": 200}, "tenants": tenants,
-        "policies": ["equal", "proportional", "shared", "oracle-static", "oracle-dynamic", "kvtier"]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "name": "prefix",
+                "blockTokens": 512,
+                "epochSeconds": 10,
+                "scrapeSeconds": 5,
+                "pool": {"capacityBlocks": 200},
+                "tenants": tenants,
+                "policies": ["equal", "proportional", "shared", "oracle-static", "oracle-dynamic", "kvtier"],
+            }
+        )
+    )
     return path
 
 
-POLICY_KEYS = {"block_hit_ratio", "hit_blocks", "accessed_blocks", "token_hit_ratio", "prefill_seconds_saved",
-               "ttft_p50_seconds", "ttft_p99_seconds", "moves", "moved_blocks", "per_tenant",
-               # Beyond the format: the cost model's figures and the replay's speed.
-               "gpu_prefill_seconds", "gpu_prefill_seconds_saved", "storage_read_seconds", "block_accesses_per_second"}
+POLICY_KEYS = {
+    "block_hit_ratio",
+    "hit_blocks",
+    "accessed_blocks",
+    "token_hit_ratio",
+    "prefill_seconds_saved",
+    "ttft_p50_seconds",
+    "ttft_p99_seconds",
+    "moves",
+    "moved_blocks",
+    "per_tenant",
+    # Beyond the format: the cost model's figures and the replay's speed.
+    "gpu_prefill_seconds",
+    "gpu_prefill_seconds_saved",
+    "storage_read_seconds",
+    "block_accesses_per_second",
+}
 
 
 def test_cli_replay_writes_the_readme_json_markdown_and_plots(tmp_path):
     scenario = _prefix_scenario(tmp_path)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "kvtier", "sim", "replay", "--scenario", str(scenario),
-               "--json", str(out / "prefix.json"), "--markdown", str(out / "prefix.md"), "--plot", str(out / "prefix.png")]
+    command = [
+        sys.executable,
+        "-m",
+        "kvtier",
+        "sim",
+        "replay",
+        "--scenario",
+        str(scenario),
+        "--json",
+        str(out / "prefix.json"),
+        "--markdown",
+        str(out / "prefix.md"),
+        "--plot",
+        str(out / "prefix.png"),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "[6/6] kvtier: block hit ratio" in done.stderr and done.stdout == ""
@@ -220,8 +280,13 @@ def test_cli_replay_writes_the_readme_json_markdown_and_plots(tmp_path):
         assert set(entry) == POLICY_KEYS
         assert set(entry["per_tenant"]) == {"conv", "syn"}
         for tenant in entry["per_tenant"].values():
-            assert set(tenant) == {"block_hit_ratio", "hit_blocks", "accessed_blocks", "gpu_prefill_seconds_saved",
-                                   "ttft_p50_seconds"}
+            assert set(tenant) == {
+                "block_hit_ratio",
+                "hit_blocks",
+                "accessed_blocks",
+                "gpu_prefill_seconds_saved",
+                "ttft_p50_seconds",
+            }
         assert entry["hit_blocks"] == sum(t["hit_blocks"] for t in entry["per_tenant"].values())
         assert entry["block_hit_ratio"] == pytest.approx(entry["hit_blocks"] / entry["accessed_blocks"])
     assert policies["equal"]["moves"] == 0 and policies["oracle-dynamic"]["moves"] > 0

@@ -78,8 +78,9 @@ def test_prefill_is_serial_and_ttft_grows_with_load():
 
 
 def test_a_full_batch_queues_requests_and_gauges_follow():
-    params = EngineParams(hbm_blocks=100, prefill_tokens_per_second=1e6, max_running_requests=2,
-                          decode_seconds_per_token=1.0)
+    params = EngineParams(
+        hbm_blocks=100, prefill_tokens_per_second=1e6, max_running_requests=2, decode_seconds_per_token=1.0
+    )
     engine = Engine(params)
     for i in range(3):
         engine.submit(0.0, [10 * i, 10 * i + 1], 1000, 10)  # 2 prompt blocks + 1 output block each
@@ -153,8 +154,9 @@ def test_tenants_merge_in_time_order_and_share_or_split_the_pool():
     result = replay.run()
     assert seen == [(0, "a"), (1, "b"), (2, "a"), (2, "b"), (3, "b"), (4, "a")]
     assert result.per_tenant["a"].hit_blocks == 2 and result.per_tenant["b"].hit_blocks == 2
-    shared = Replay([_workload("a", [0, 2], [1, 2], salt="s"), _workload("b", [1], [3, 4], salt="s")],
-                    IsolatedLRU({"s": 2})).run()
+    shared = Replay(
+        [_workload("a", [0, 2], [1, 2], salt="s"), _workload("b", [1], [3, 4], salt="s")], IsolatedLRU({"s": 2})
+    ).run()
     assert shared.overall.hit_blocks == 0  # b's request evicted a's blocks from the shared LRU
     assert shared.to_dict()["per_tenant"]["a"]["accessed_blocks"] == 4
 
@@ -190,11 +192,23 @@ def _scenario(tmp_path, **overrides):
         '{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [0, 1]}\n'
         '{"timestamp": 1000, "input_length": 600, "output_length": 1, "hash_ids": [0, 1]}\n'
     )
-    tenant = {"name": "a", "trace": "t.jsonl", "kvBytesPerToken": 1000, "prefillTokensPerSecond": 100,
-              "storageReadBytesPerSecond": 1e9}
-    data = {"version": 1, "name": "s", "epochSeconds": 300, "scrapeSeconds": 15,
-            "pool": {"capacityBlocks": 10}, "tenants": [tenant, {**tenant, "name": "b"}],
-            "policies": ["equal", "shared"], **overrides}
+    tenant = {
+        "name": "a",
+        "trace": "t.jsonl",
+        "kvBytesPerToken": 1000,
+        "prefillTokensPerSecond": 100,
+        "storageReadBytesPerSecond": 1e9,
+    }
+    data = {
+        "version": 1,
+        "name": "s",
+        "epochSeconds": 300,
+        "scrapeSeconds": 15,
+        "pool": {"capacityBlocks": 10},
+        "tenants": [tenant, {**tenant, "name": "b"}],
+        "policies": ["equal", "shared"],
+        **overrides,
+    }
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

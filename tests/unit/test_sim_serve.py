@@ -48,8 +48,11 @@ def families(text):
 
 
 def value(family, **labels):
-    return sum(s.value for s in family.samples if all(s.labels.get(k) == v for k, v in labels.items())
-               and not s.name.endswith("_created"))
+    return sum(
+        s.value
+        for s in family.samples
+        if all(s.labels.get(k) == v for k, v in labels.items()) and not s.name.endswith("_created")
+    )
 
 
 @pytest.fixture
@@ -84,8 +87,12 @@ async def test_quota_api_put_get_delete_list(faces):
     assert server.pool.quota("") == 8  # the empty salt is `_default` in the URL
     await lmcache.put("/quota/tenant-b", json={"limit_gb": 1})
     listed = await (await lmcache.get("/quota")).json()
-    assert listed == {"users": {"_default": {"limit_gb": 0.0078125, "current_usage_gb": 0.0},
-                                "tenant-b": {"limit_gb": 1.0, "current_usage_gb": 0.0}}}
+    assert listed == {
+        "users": {
+            "_default": {"limit_gb": 0.0078125, "current_usage_gb": 0.0},
+            "tenant-b": {"limit_gb": 1.0, "current_usage_gb": 0.0},
+        }
+    }
     assert server.pool.quota("tenant-b") == GB // BLOCK_BYTES
 
     reply = await lmcache.delete("/quota/tenant-b")
@@ -96,10 +103,21 @@ async def test_quota_api_put_get_delete_list(faces):
     assert (await lmcache.get("/healthcheck")).status == 200
 
 
-@pytest.mark.parametrize("body", [
-    b"not json", b"[1, 2]", b"{}", b'{"limit_gb": -1}', b'{"limit_gb": "3"}', b'{"limit_gb": true}',
-    b'{"limit_gb": null}', b'{"limit_gb": NaN}', b'{"limit_gb": Infinity}', b"\xff\xfe",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[1, 2]",
+        b"{}",
+        b'{"limit_gb": -1}',
+        b'{"limit_gb": "3"}',
+        b'{"limit_gb": true}',
+        b'{"limit_gb": null}',
+        b'{"limit_gb": NaN}',
+        b'{"limit_gb": Infinity}',
+        b"\xff\xfe",
+    ],
+)
 async def test_quota_api_rejects_bad_bodies_with_json_400(faces, body):
     server, _, lmcache, _ = faces
     reply = await lmcache.put("/quota/x", data=body)
@@ -135,11 +153,19 @@ async def test_completions_move_the_vllm_counters_with_the_reference_names(faces
     after = families(page)
 
     assert set(after) <= reference_names("vLLM 0.33.0")
-    for name in ("vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                 "vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total",
-                 "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:num_preemptions_total",
-                 "vllm:prompt_tokens_total", "vllm:prompt_tokens_by_source_total",
-                 "vllm:time_to_first_token_seconds"):
+    for name in (
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:external_prefix_cache_queries_total",
+        "vllm:external_prefix_cache_hits_total",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total",
+        "vllm:prompt_tokens_by_source_total",
+        "vllm:time_to_first_token_seconds",
+    ):
         assert name in after and name in before, name
     for family in after.values():
         for sample in family.samples:
@@ -167,11 +193,21 @@ async def test_lmcache_metrics_have_the_mp_names_and_per_salt_labels(faces):
     hits = again["kvsim"]["hit_tokens"]
     assert hits["hbm"] == 16 and hits["cpu"] + hits["storage"] == 24
     page = families(await (await metrics.get("/metrics")).text())
-    lookups = {"lmcache_mp_lookup_requested_tokens_total", "lmcache_mp_lookup_hit_tokens_total", "lmcache_mp_lookup_hit_l1_tokens_total",
-               "lmcache_mp_lookup_hit_l2_tokens_total", "lmcache_mp_lookup_hit_l1_keys_total",
-               "lmcache_mp_lookup_hit_l2_keys_total", "lmcache_mp_lookups_requests_total"}
-    assert set(page) == lookups | {"lmcache_mp_l1_evicted_chunks_total", "lmcache_mp_l2_evicted_objects_chunks_total",
-                                   "lmcache_mp_l1_memory_usage_bytes", "lmcache_mp_l2_usage_bytes"}
+    lookups = {
+        "lmcache_mp_lookup_requested_tokens_total",
+        "lmcache_mp_lookup_hit_tokens_total",
+        "lmcache_mp_lookup_hit_l1_tokens_total",
+        "lmcache_mp_lookup_hit_l2_tokens_total",
+        "lmcache_mp_lookup_hit_l1_keys_total",
+        "lmcache_mp_lookup_hit_l2_keys_total",
+        "lmcache_mp_lookups_requests_total",
+    }
+    assert set(page) == lookups | {
+        "lmcache_mp_l1_evicted_chunks_total",
+        "lmcache_mp_l2_evicted_objects_chunks_total",
+        "lmcache_mp_l1_memory_usage_bytes",
+        "lmcache_mp_l2_usage_bytes",
+    }
     for name in lookups:
         assert all(s.labels["model_name"] == "m" and s.labels["cache_salt"] == "a" for s in page[name].samples)
     assert value(page["lmcache_mp_lookups_requests_total"]) == 2
@@ -184,11 +220,20 @@ async def test_lmcache_metrics_have_the_mp_names_and_per_salt_labels(faces):
     assert value(page["lmcache_mp_l2_usage_bytes"], l2_name="raw_block") == server.pool.used * BLOCK_BYTES > 0
 
 
-@pytest.mark.parametrize("body, status", [
-    (b"{", 400), (b'"text"', 400), (b"{}", 400), (b'{"prompt": ""}', 400), (b'{"prompt": ["a", 1]}', 400),
-    (b'{"prompt": "a", "max_tokens": -1}', 400), (b'{"prompt": "a", "max_tokens": 1.5}', 400),
-    (b'{"prompt": "a", "cache_salt": 7}', 400), (b'{"prompt": "a", "model": "other"}', 404),
-])
+@pytest.mark.parametrize(
+    "body, status",
+    [
+        (b"{", 400),
+        (b'"text"', 400),
+        (b"{}", 400),
+        (b'{"prompt": ""}', 400),
+        (b'{"prompt": ["a", 1]}', 400),
+        (b'{"prompt": "a", "max_tokens": -1}', 400),
+        (b'{"prompt": "a", "max_tokens": 1.5}', 400),
+        (b'{"prompt": "a", "cache_salt": 7}', 400),
+        (b'{"prompt": "a", "model": "other"}', 404),
+    ],
+)
 async def test_bad_completions_get_json_errors_and_change_nothing(faces, body, status):
     server, vllm, _, _ = faces
     reply = await vllm.post("/v1/completions", data=body)
@@ -199,8 +244,11 @@ async def test_bad_completions_get_json_errors_and_change_nothing(faces, body, s
 
 async def test_unknown_routes_and_methods_are_json_errors(faces):
     _, vllm, lmcache, _ = faces
-    for client, method, path, status in ((vllm, "GET", "/nope", 404), (vllm, "GET", "/v1/completions", 405),
-                                         (lmcache, "POST", "/quota", 405)):
+    for client, method, path, status in (
+        (vllm, "GET", "/nope", 404),
+        (vllm, "GET", "/v1/completions", 405),
+        (lmcache, "POST", "/quota", 405),
+    ):
         reply = await client.request(method, path)
         assert reply.status == status and "error" in await reply.json()
     assert (await (await vllm.get("/v1/models")).json())["data"][0]["id"] == "m"
@@ -226,8 +274,10 @@ def test_lookup_hash_log_rotates_by_size_and_age_and_keeps_max_files(tmp_path):
     log = LookupHashLog(tmp_path, Rotation(interval_seconds=60, max_bytes=600, max_files=3), clock=lambda: now[0])
     for index in range(6):
         log.write(f"r{index}", "m", 256, 512, ["ab" * 8, "cd" * 8])  # about 200 bytes: three lines a file
-    assert [p.name for p in log.files()] == ["lookup_hashes_20270115_080000_000000.jsonl",
-                                             "lookup_hashes_20270115_080000_000001.jsonl"]
+    assert [p.name for p in log.files()] == [
+        "lookup_hashes_20270115_080000_000000.jsonl",
+        "lookup_hashes_20270115_080000_000001.jsonl",
+    ]
     assert all(len(p.read_text().splitlines()) == 3 for p in log.files())
     now[0] += 60
     log.write("late", "m", 256, 512, [])
@@ -299,9 +349,16 @@ def test_settings_from_env_match_the_cli_options(monkeypatch, tmp_path):
     from kvtier.cli import sim_serve
 
     trace = trace_prefix(tmp_path, 1)
-    env = {"KVSIM_HBM_BLOCKS": "7", "KVSIM_BLOCK_TOKENS": "256", "KVSIM_PREFILL_TOKENS_PER_SECOND": "1e4",
-           "KVSIM_SPEED": "4", "KVSIM_TRACE": str(trace), "KVSIM_TIME_SHIFT": "-30", "KVSIM_LOOP": "true",
-           "KVSIM_TRACE_SALT": "conv"}
+    env = {
+        "KVSIM_HBM_BLOCKS": "7",
+        "KVSIM_BLOCK_TOKENS": "256",
+        "KVSIM_PREFILL_TOKENS_PER_SECOND": "1e4",
+        "KVSIM_SPEED": "4",
+        "KVSIM_TRACE": str(trace),
+        "KVSIM_TIME_SHIFT": "-30",
+        "KVSIM_LOOP": "true",
+        "KVSIM_TRACE_SALT": "conv",
+    }
     params, speed, load = settings_from_env(env)
     assert params.hbm_blocks == 7 and params.block_tokens == 256 and params.prefill_tokens_per_second == 1e4
     assert params.cpu_blocks == SERVE_DEFAULTS.cpu_blocks
@@ -313,7 +370,12 @@ def test_settings_from_env_match_the_cli_options(monkeypatch, tmp_path):
     options = sim_serve.make_context("serve", []).params
     assert (options["hbm_blocks"], options["block_tokens"], options["prefill_tokens_per_second"]) == (7, 256, 1e4)
     assert (options["speed"], options["trace"], options["time_shift"], options["loop"], options["trace_salt"]) == (
-        4.0, str(trace), -30.0, True, "conv")
+        4.0,
+        str(trace),
+        -30.0,
+        True,
+        "conv",
+    )
     with pytest.raises(ValueError):
         settings_from_env({"KVSIM_HBM_BLOCKS": "many"})
 
@@ -327,10 +389,17 @@ def test_a_server_clock_runs_speed_times_faster():
     assert outcome.arrival == 15.0
 
 
-@pytest.mark.parametrize("args", [
-    ["sim", "serve", "--quota", "a=lots"], ["sim", "serve", "--quota", "a=-1"], ["sim", "serve", "--quota", "a=inf"],
-    ["sim", "serve", "--speed", "0"], ["probe"], ["probe", "--log-dir", "x", "--max-blocks", "0"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sim", "serve", "--quota", "a=lots"],
+        ["sim", "serve", "--quota", "a=-1"],
+        ["sim", "serve", "--quota", "a=inf"],
+        ["sim", "serve", "--speed", "0"],
+        ["probe"],
+        ["probe", "--log-dir", "x", "--max-blocks", "0"],
+    ],
+)
 def test_the_commands_refuse_bad_options_before_serving(args):
     from click.testing import CliRunner
 

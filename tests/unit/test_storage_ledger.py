@@ -15,21 +15,38 @@ T0 = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 def csi_pool(capacity=10 * TI):
-    return KVPool.model_validate({"metadata": {"name": "pool"}, "spec": {
-        "capacity": capacity, "storage": {"csi": {"storageClassName": "fast"}}}})
+    return KVPool.model_validate(
+        {"metadata": {"name": "pool"}, "spec": {"capacity": capacity, "storage": {"csi": {"storageClassName": "fast"}}}}
+    )
 
 
 def nvmeof_pool(sizes, capacity=None):
-    namespaces = [{"nqn": f"nqn.2024-06.com.example:kv-{i}", "uuid": f"00000000-0000-0000-0000-{i:012d}", "size": size}
-                  for i, size in enumerate(sizes)]
-    return KVPool.model_validate({"metadata": {"name": "array"}, "spec": {
-        "capacity": capacity or sum(sizes),
-        "storage": {"nvmeof": {"targets": [{"address": "192.0.2.1"}], "namespaces": namespaces}}}})
+    namespaces = [
+        {"nqn": f"nqn.2024-06.com.example:kv-{i}", "uuid": f"00000000-0000-0000-0000-{i:012d}", "size": size}
+        for i, size in enumerate(sizes)
+    ]
+    return KVPool.model_validate(
+        {
+            "metadata": {"name": "array"},
+            "spec": {
+                "capacity": capacity or sum(sizes),
+                "storage": {"nvmeof": {"targets": [{"address": "192.0.2.1"}], "namespaces": namespaces}},
+            },
+        }
+    )
 
 
 def claim(name, replicas=1, request=TI, minimum=0, maximum=None, age=0):
-    return Claim(namespace="ml", name=name, uid=f"uid-{name}", created=T0 + timedelta(seconds=age), replicas=replicas,
-                 request=request, min=minimum, max=maximum or request)
+    return Claim(
+        namespace="ml",
+        name=name,
+        uid=f"uid-{name}",
+        created=T0 + timedelta(seconds=age),
+        replicas=replicas,
+        request=request,
+        min=minimum,
+        max=maximum or request,
+    )
 
 
 def test_grants_the_request_and_accounts_for_it():
@@ -66,10 +83,16 @@ def test_waiting_deployments_are_admitted_oldest_first():
 def test_static_namespaces_best_fit_and_cap_the_quota():
     pool = nvmeof_pool([4 * TI, 2 * TI, 8 * TI, 2 * TI])
     decision = admit(pool, KVPoolStatus(), claim("a", replicas=2, request=2 * TI))
-    assert decision.allocation.volumes == ["00000000-0000-0000-0000-000000000001", "00000000-0000-0000-0000-000000000003"]
+    assert decision.allocation.volumes == [
+        "00000000-0000-0000-0000-000000000001",
+        "00000000-0000-0000-0000-000000000003",
+    ]
     bigger = admit(pool, decision.status, claim("b", replicas=2, request=6 * TI, minimum=TI, age=1))
     assert bigger.allocation.quota == 4 * TI  # capped by the 4Ti namespace it had to take
-    assert set(bigger.allocation.volumes) == {"00000000-0000-0000-0000-000000000000", "00000000-0000-0000-0000-000000000002"}
+    assert set(bigger.allocation.volumes) == {
+        "00000000-0000-0000-0000-000000000000",
+        "00000000-0000-0000-0000-000000000002",
+    }
     none_left = admit(pool, bigger.status, claim("c", request=TI, age=2))
     assert none_left.allocation is None and "free NVMe-oF namespace" in none_left.message
 
@@ -102,8 +125,9 @@ def test_a_recreated_deployment_does_not_inherit_its_namesakes_namespaces():
     pool = nvmeof_pool([TI, TI])
     status = admit(pool, KVPoolStatus(), claim("a")).status
     old = status.allocations[0].volumes
-    again = admit(pool, status, Claim(namespace="ml", name="a", uid="uid-a2", created=T0, replicas=1, request=TI,
-                                      min=0, max=TI))
+    again = admit(
+        pool, status, Claim(namespace="ml", name="a", uid="uid-a2", created=T0, replicas=1, request=TI, min=0, max=TI)
+    )
     assert again.status.reclaiming == old and again.allocation.volumes != old
 
 
@@ -158,8 +182,12 @@ def test_a_waiter_that_does_not_fit_is_passed_over_a_bounded_number_of_times():
 def test_admission_is_linear_in_the_ledger():
     """Thousands of entries: one admission reads each once (the old code compared models pairwise)."""
     pool = csi_pool(10_000 * TI)
-    status = KVPoolStatus(allocations=[Allocation(namespace="ml", name=f"d{i}", uid=f"u{i}", replicas=1, quota=TI)
-                                       for i in range(STATUS_LIST_LIMIT - 1)])
+    status = KVPoolStatus(
+        allocations=[
+            Allocation(namespace="ml", name=f"d{i}", uid=f"u{i}", replicas=1, quota=TI)
+            for i in range(STATUS_LIST_LIMIT - 1)
+        ]
+    )
     decision = admit(pool, status, claim("new", request=TI))
     assert decision.reason == "Bound" and len(decision.status.allocations) == STATUS_LIST_LIMIT
     full = admit(pool, decision.status, claim("one-more", request=TI))
@@ -177,8 +205,14 @@ def test_repair_raises_an_entry_below_its_min_taking_from_others_within_their_bo
     a, b = claim("a", request=5 * TI, minimum=2 * TI), claim("b", request=5 * TI, minimum=4 * TI, maximum=6 * TI, age=1)
     status = admit(pool, KVPoolStatus(), a).status
     status = admit(pool, status, b).status
-    corrupted = status.model_copy(update={"allocations": [status.allocations[0].model_copy(update={"quota": 0}),
-                                                          status.allocations[1].model_copy(update={"quota": 6 * TI})]})
+    corrupted = status.model_copy(
+        update={
+            "allocations": [
+                status.allocations[0].model_copy(update={"quota": 0}),
+                status.allocations[1].model_copy(update={"quota": 6 * TI}),
+            ]
+        }
+    )
     assert corrupted.allocations[1].quota > b.request
     fixed, repairs = repair(pool, corrupted, claims_of(a, b))
     quotas = {e.name: e.quota for e in fixed.allocations}
@@ -189,11 +223,13 @@ def test_repair_raises_an_entry_below_its_min_taking_from_others_within_their_bo
 def test_repair_lowers_above_max_releases_the_gone_and_fits_a_reduced_capacity():
     pool = csi_pool(4 * TI)
     a, b = claim("a", request=2 * TI, minimum=TI), claim("b", request=2 * TI, minimum=TI, age=1)
-    status = KVPoolStatus(allocations=[
-        Allocation(namespace="ml", name="a", uid="uid-a", replicas=1, quota=3 * TI),   # above max
-        Allocation(namespace="ml", name="b", uid="uid-b", replicas=2, quota=2 * TI),   # 2 replicas, spec says 1
-        Allocation(namespace="ml", name="ghost", uid="uid-ghost", replicas=1, quota=TI),
-    ])
+    status = KVPoolStatus(
+        allocations=[
+            Allocation(namespace="ml", name="a", uid="uid-a", replicas=1, quota=3 * TI),  # above max
+            Allocation(namespace="ml", name="b", uid="uid-b", replicas=2, quota=2 * TI),  # 2 replicas, spec says 1
+            Allocation(namespace="ml", name="ghost", uid="uid-ghost", replicas=1, quota=TI),
+        ]
+    )
     fixed, repairs = repair(pool, status, claims_of(a, b))
     assert {e.name: (e.replicas, e.quota) for e in fixed.allocations} == {"a": (1, 2 * TI), "b": (1, 2 * TI)}
     assert len(repairs) == 3 and fixed.allocated == 4 * TI
@@ -211,8 +247,13 @@ def test_repair_leaves_entries_of_unparseable_deployments_alone():
 
 
 operations = st.lists(
-    st.tuples(st.sampled_from(["admit", "release", "reclaim"]), st.integers(0, 7), st.integers(0, 4),
-              st.integers(1, 6), st.integers(0, 6)),
+    st.tuples(
+        st.sampled_from(["admit", "release", "reclaim"]),
+        st.integers(0, 7),
+        st.integers(0, 4),
+        st.integers(1, 6),
+        st.integers(0, 6),
+    ),
     max_size=40,
 )
 
@@ -232,8 +273,17 @@ def test_random_claims_never_over_commit_or_share_a_namespace(ops, static):
         if op != "admit":
             assert used <= {uuid for a in status.allocations for uuid in a.volumes} | set(status.reclaiming)
             continue
-        decision = admit(pool, status, claim(f"d{who}", replicas=replicas, request=request * TI // 2,
-                                            minimum=min(minimum, request) * TI // 2, age=who))
+        decision = admit(
+            pool,
+            status,
+            claim(
+                f"d{who}",
+                replicas=replicas,
+                request=request * TI // 2,
+                minimum=min(minimum, request) * TI // 2,
+                age=who,
+            ),
+        )
         status = decision.status
         if decision.allocation is not None and decision.allocation.replicas:
             assert decision.allocation.quota >= min(minimum, request) * TI // 2 or decision.reason != "Bound"

@@ -25,65 +25,101 @@ NAN, INF = math.nan, math.inf
 # (id, body, samples that must survive with their exact values, line numbers of the problems)
 CASES = [
     ("plain gauge", "x 1\n", [("x", {}, 1)], []),
-    ("colon names", "vllm:kv_cache_usage_perc{engine=\"0\"} 0.25\n",
-     [("vllm:kv_cache_usage_perc", {"engine": "0"}, 0.25)], []),
-    ("counter with help and type",
-     "# HELP a_total Requests.\n# TYPE a_total counter\na_total{model_name=\"m\",engine=\"0\"} 42\n",
-     [("a_total", {"model_name": "m", "engine": "0"}, 42)], []),
+    (
+        "colon names",
+        'vllm:kv_cache_usage_perc{engine="0"} 0.25\n',
+        [("vllm:kv_cache_usage_perc", {"engine": "0"}, 0.25)],
+        [],
+    ),
+    (
+        "counter with help and type",
+        '# HELP a_total Requests.\n# TYPE a_total counter\na_total{model_name="m",engine="0"} 42\n',
+        [("a_total", {"model_name": "m", "engine": "0"}, 42)],
+        [],
+    ),
     ("NaN", "g NaN\n", [("g", {}, NAN)], []),
     ("infinities", "a +Inf\nb -Inf\nc Inf\n", [("a", {}, INF), ("b", {}, -INF), ("c", {}, INF)], []),
     ("exponents", "a 1.5e3\nb 2E-2\nc -3.25e+1\n", [("a", {}, 1500), ("b", {}, 0.02), ("c", {}, -32.5)], []),
-    ("timestamps", "a 7 1712345678000\nb{x=\"1\"} 8 -5\n", [("a", {}, 7), ("b", {"x": "1"}, 8)], []),
-    ("escapes in label values", 'a{p="q\\"uote",b="back\\\\slash",n="new\\nline"} 3\n',
-     [("a", {"p": 'q"uote', "b": "back\\slash", "n": "new\nline"}, 3)], []),
+    ("timestamps", 'a 7 1712345678000\nb{x="1"} 8 -5\n', [("a", {}, 7), ("b", {"x": "1"}, 8)], []),
+    (
+        "escapes in label values",
+        'a{p="q\\"uote",b="back\\\\slash",n="new\\nline"} 3\n',
+        [("a", {"p": 'q"uote', "b": "back\\slash", "n": "new\nline"}, 3)],
+        [],
+    ),
     ("commas braces and = inside quotes", 'a{v="x,y}{=z",w="}"} 4\n', [("a", {"v": "x,y}{=z", "w": "}"}, 4)], []),
     ("hash inside a label value", 'a{v="# not a comment"} 5\n', [("a", {"v": "# not a comment"}, 5)], []),
-    ("no help and no type", "a_total 1\na_bucket{le=\"+Inf\"} 2\n",
-     [("a_total", {}, 1), ("a_bucket", {"le": "+Inf"}, 2)], []),
+    (
+        "no help and no type",
+        'a_total 1\na_bucket{le="+Inf"} 2\n',
+        [("a_total", {}, 1), ("a_bucket", {"le": "+Inf"}, 2)],
+        [],
+    ),
     ("type after its samples", "a 1\n# TYPE a gauge\n", [("a", {}, 1)], []),
-    ("duplicate series keeps the first", "a{x=\"1\"} 1\na{x=\"1\"} 2\n", [("a", {"x": "1"}, 1)], [2]),
-    ("duplicate with labels reordered", "a{x=\"1\",y=\"2\"} 1\na{y=\"2\",x=\"1\"} 9\n",
-     [("a", {"x": "1", "y": "2"}, 1)], [2]),
-    ("same labels, other name is no duplicate", "a{x=\"1\"} 1\nb{x=\"1\"} 2\n",
-     [("a", {"x": "1"}, 1), ("b", {"x": "1"}, 2)], []),
+    ("duplicate series keeps the first", 'a{x="1"} 1\na{x="1"} 2\n', [("a", {"x": "1"}, 1)], [2]),
+    ("duplicate with labels reordered", 'a{x="1",y="2"} 1\na{y="2",x="1"} 9\n', [("a", {"x": "1", "y": "2"}, 1)], [2]),
+    (
+        "same labels, other name is no duplicate",
+        'a{x="1"} 1\nb{x="1"} 2\n',
+        [("a", {"x": "1"}, 1), ("b", {"x": "1"}, 2)],
+        [],
+    ),
     ("truncated final line is dropped", "a 1\nb 1234", [("a", {}, 1)], [2]),
-    ("truncated inside labels", "a 1\nb{x=\"1", [("a", {}, 1)], [2]),
+    ("truncated inside labels", 'a 1\nb{x="1', [("a", {}, 1)], [2]),
     ("NUL byte in a name", "a 1\nb\x00c 2\nd 3\n", [("a", {}, 1), ("d", {}, 3)], [2]),
     ("NUL byte in a value", "a 1\x00\nd 3\n", [("d", {}, 3)], [1]),
     ("garbage lines between samples", "a 1\n}}}{{{\n=== 5\nb 2\n\x01\x02\n", [("a", {}, 1), ("b", {}, 2)], [2, 3, 5]),
     ("empty body", "", [], []),
     ("only comments", "# HELP a x\n# TYPE a gauge\n# just a comment\n", [], []),
-    ("CRLF line ends", "a 1\r\nb{x=\"y\"} 2\r\n", [("a", {}, 1), ("b", {"x": "y"}, 2)], []),
-    ("tabs and spaces", "  a \t 1\nb{ x = \"1\" , y=\"2\" }\t2\t100\n",
-     [("a", {}, 1), ("b", {"x": "1", "y": "2"}, 2)], []),
-    ("trailing comma in labels", "a{x=\"1\",} 1\n", [("a", {"x": "1"}, 1)], []),
+    ("CRLF line ends", 'a 1\r\nb{x="y"} 2\r\n', [("a", {}, 1), ("b", {"x": "y"}, 2)], []),
+    ("tabs and spaces", '  a \t 1\nb{ x = "1" , y="2" }\t2\t100\n', [("a", {}, 1), ("b", {"x": "1", "y": "2"}, 2)], []),
+    ("trailing comma in labels", 'a{x="1",} 1\n', [("a", {"x": "1"}, 1)], []),
     ("empty braces", "a{} 3\n", [("a", {}, 3)], []),
-    ("unterminated quote does not swallow the page", "a{x=\"1} 1\nb 2\n", [("b", {}, 2)], [1]),
-    ("repeated label name", "a{x=\"1\",x=\"2\"} 1\nb 2\n", [("b", {}, 2)], [1]),
+    ("unterminated quote does not swallow the page", 'a{x="1} 1\nb 2\n', [("b", {}, 2)], [1]),
+    ("repeated label name", 'a{x="1",x="2"} 1\nb 2\n', [("b", {}, 2)], [1]),
     ("label without quotes", "a{x=1} 1\nb 2\n", [("b", {}, 2)], [1]),
-    ("labels without a comma", "a{x=\"1\" y=\"2\"} 1\nb 2\n", [("b", {}, 2)], [1]),
+    ("labels without a comma", 'a{x="1" y="2"} 1\nb 2\n', [("b", {}, 2)], [1]),
     ("underscore in a number", "a 1_000\nb 2\n", [("b", {}, 2)], [1]),
     ("value is not a number", "a abc\nb 0x10\nc 2\n", [("c", {}, 2)], [1, 2]),
-    ("missing value", "a{x=\"1\"}\nb\nc 2\n", [("c", {}, 2)], [1, 2]),
+    ("missing value", 'a{x="1"}\nb\nc 2\n', [("c", {}, 2)], [1, 2]),
     ("bad timestamp", "a 1 soon\nb 1 NaN\nc 2\n", [("c", {}, 2)], [1, 2]),
-    ("OpenMetrics exemplar and EOF", "a_bucket{le=\"1\"} 3 # {trace_id=\"t\"} 0.5 1\n# EOF\n",
-     [("a_bucket", {"le": "1"}, 3)], []),
-    ("extremes", "a 1.7976931348623157e308\nb -0.0\nc 5e-324\n",
-     [("a", {}, 1.7976931348623157e308), ("b", {}, -0.0), ("c", {}, 5e-324)], []),
-    ("old and new vLLM names side by side",
-     "vllm:gpu_cache_usage_perc 0.5\nvllm:kv_cache_usage_perc 0.5\nvllm:gpu_prefix_cache_hits_total 7\n",
-     [("vllm:gpu_cache_usage_perc", {}, 0.5), ("vllm:kv_cache_usage_perc", {}, 0.5),
-      ("vllm:gpu_prefix_cache_hits_total", {}, 7)], []),
-    ("histogram", "# TYPE h histogram\nh_bucket{le=\"0.1\"} 1\nh_bucket{le=\"+Inf\"} 3\nh_sum 0.7\nh_count 3\n",
-     [("h_bucket", {"le": "0.1"}, 1), ("h_bucket", {"le": "+Inf"}, 3), ("h_sum", {}, 0.7), ("h_count", {}, 3)], []),
-    ("unicode label values", "a{v=\"ü→✓\"} 1\n", [("a", {"v": "ü→✓"}, 1)], []),
+    (
+        "OpenMetrics exemplar and EOF",
+        'a_bucket{le="1"} 3 # {trace_id="t"} 0.5 1\n# EOF\n',
+        [("a_bucket", {"le": "1"}, 3)],
+        [],
+    ),
+    (
+        "extremes",
+        "a 1.7976931348623157e308\nb -0.0\nc 5e-324\n",
+        [("a", {}, 1.7976931348623157e308), ("b", {}, -0.0), ("c", {}, 5e-324)],
+        [],
+    ),
+    (
+        "old and new vLLM names side by side",
+        "vllm:gpu_cache_usage_perc 0.5\nvllm:kv_cache_usage_perc 0.5\nvllm:gpu_prefix_cache_hits_total 7\n",
+        [
+            ("vllm:gpu_cache_usage_perc", {}, 0.5),
+            ("vllm:kv_cache_usage_perc", {}, 0.5),
+            ("vllm:gpu_prefix_cache_hits_total", {}, 7),
+        ],
+        [],
+    ),
+    (
+        "histogram",
+        '# TYPE h histogram\nh_bucket{le="0.1"} 1\nh_bucket{le="+Inf"} 3\nh_sum 0.7\nh_count 3\n',
+        [("h_bucket", {"le": "0.1"}, 1), ("h_bucket", {"le": "+Inf"}, 3), ("h_sum", {}, 0.7), ("h_count", {}, 3)],
+        [],
+    ),
+    ("unicode label values", 'a{v="ü→✓"} 1\n', [("a", {"v": "ü→✓"}, 1)], []),
     ("metric name starting with a digit", "1a 1\nb 2\n", [("b", {}, 2)], [1]),
     ("malformed TYPE line", "# TYPE a\n# TYPE b sometype\nb 1\n", [("b", {}, 1)], [1, 2]),
 ]
 
 
-@pytest.mark.parametrize(("body", "samples", "problem_lines"), [case[1:] for case in CASES],
-                         ids=[case[0] for case in CASES])
+@pytest.mark.parametrize(
+    ("body", "samples", "problem_lines"), [case[1:] for case in CASES], ids=[case[0] for case in CASES]
+)
 def test_adversarial_pages(body, samples, problem_lines):
     for form in (body, body.encode()):
         page = parse_exposition(form)
@@ -106,7 +142,7 @@ def test_types_are_recorded_wherever_they_appear():
 
 
 def test_invalid_utf8_is_replaced_and_reported():
-    page = parse_exposition(b"a 1\nb{v=\"\xff\xfe\"} 2\n\xc3 3\nc 4\n")
+    page = parse_exposition(b'a 1\nb{v="\xff\xfe"} 2\n\xc3 3\nc 4\n')
     assert found(page) == want(("a", {}, 1), ("b", {"v": "\ufffd\ufffd"}, 2), ("c", {}, 4))
     assert [problem.line for problem in page.problems] == [2, 3]
     assert "UTF-8" in page.problems[0].message
@@ -132,7 +168,7 @@ def test_byte_limit_reads_whole_lines_only():
 
 def test_byte_limit_cut_inside_a_multibyte_character_is_not_a_utf8_problem():
     body = "a 1\n" + 'b{v="é"} 2\n'
-    page = parse_exposition(body.encode(), max_bytes=len("a 1\nb{v=\"") + 1)
+    page = parse_exposition(body.encode(), max_bytes=len('a 1\nb{v="') + 1)
     assert found(page) == want(("a", {}, 1))
     assert [problem.line for problem in page.problems] == [0]
 
@@ -165,8 +201,34 @@ def test_random_bytes_never_raise(body):
         assert isinstance(sample.value, float)
 
 
-LINE_PIECES = st.sampled_from(['a', '{', '}', '"', '\\', ',', '=', ' ', '\t', '\n', '#', 'TYPE', 'HELP', '1', '.',
-                               'e', '-', '+Inf', 'NaN', 'le', ':', '\x00', '\r', 'é'])
+LINE_PIECES = st.sampled_from(
+    [
+        "a",
+        "{",
+        "}",
+        '"',
+        "\\",
+        ",",
+        "=",
+        " ",
+        "\t",
+        "\n",
+        "#",
+        "TYPE",
+        "HELP",
+        "1",
+        ".",
+        "e",
+        "-",
+        "+Inf",
+        "NaN",
+        "le",
+        ":",
+        "\x00",
+        "\r",
+        "é",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -178,7 +240,8 @@ def test_random_exposition_fragments_never_raise(pieces):
 
 
 METRIC_NAME = st.from_regex(r"[a-zA-Z_:][a-zA-Z0-9_:]{0,20}", fullmatch=True).filter(
-    lambda name: not name.endswith(("_total", "_created", "_bucket", "_count", "_sum", "_info")))
+    lambda name: not name.endswith(("_total", "_created", "_bucket", "_count", "_sum", "_info"))
+)
 LABEL_NAME = st.from_regex(r"[a-zA-Z][a-zA-Z0-9_]{0,10}", fullmatch=True)
 LABEL_VALUE = st.text(max_size=12)
 VALUE = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**15), 10**15))
@@ -205,8 +268,11 @@ def registries(draw):
 @given(registries())
 def test_generate_latest_round_trips_exactly(registry):
     body = generate_latest(registry)
-    expected = {(sample.name, tuple(sorted(sample.labels.items()))): repr(float(sample.value))
-                for family in registry.collect() for sample in family.samples}
+    expected = {
+        (sample.name, tuple(sorted(sample.labels.items()))): repr(float(sample.value))
+        for family in registry.collect()
+        for sample in family.samples
+    }
     page = parse_exposition(body)
     assert page.problems == []
     assert found(page) == expected

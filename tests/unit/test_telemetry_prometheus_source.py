@@ -23,25 +23,51 @@ GiB = 1 << 30
 KEY = ("ns", "chat")
 SELECTOR = 'namespace="ns",pod=~"chat-[0-9]+"'  # what the loop must ask for deployment ns/chat
 GEOMETRY = Geometry(unit_bytes=2 * 4096, chunk_bytes=4096, chunk_tokens=3, front_chunks=0)
-DEPLOYMENT = {"apiVersion": "kvtier.io/v1alpha1", "kind": "InferenceDeployment",
-              "metadata": {"name": "chat", "namespace": "ns", "uid": "u-1", "resourceVersion": "7", "generation": 2},
-              "spec": {"kvCache": {"mode": "LMCacheMP", "storage": {"poolRef": "pool", "request": "4Gi"}}}}
+DEPLOYMENT = {
+    "apiVersion": "kvtier.io/v1alpha1",
+    "kind": "InferenceDeployment",
+    "metadata": {"name": "chat", "namespace": "ns", "uid": "u-1", "resourceVersion": "7", "generation": 2},
+    "spec": {"kvCache": {"mode": "LMCacheMP", "storage": {"poolRef": "pool", "request": "4Gi"}}},
+}
 # What each replica's engines did over the window (Prometheus' increase()), and their gauges.
 SERVED = {
-    "chat-0": {"prompt_tokens": 1000, "prefix_cache_hits": 200, "external_hits": 300, "lmcache_hit_l1": 100,
-               "lmcache_hit_l2": 300, "preemptions": 30, "hbm_watermark": 0.5, "hbm_watermark_mean": 0.4,
-               "hbm_watermark_max": 0.9, "storage_used_bytes": 123},
-    "chat-1": {"prompt_tokens": 600, "prefix_cache_hits": 60, "external_hits": 120, "lmcache_hit_l1": 40,
-               "lmcache_hit_l2": 80, "preemptions": 0, "hbm_watermark": 0.7, "hbm_watermark_mean": 0.6,
-               "hbm_watermark_max": 0.8, "storage_used_bytes": 456},
+    "chat-0": {
+        "prompt_tokens": 1000,
+        "prefix_cache_hits": 200,
+        "external_hits": 300,
+        "lmcache_hit_l1": 100,
+        "lmcache_hit_l2": 300,
+        "preemptions": 30,
+        "hbm_watermark": 0.5,
+        "hbm_watermark_mean": 0.4,
+        "hbm_watermark_max": 0.9,
+        "storage_used_bytes": 123,
+    },
+    "chat-1": {
+        "prompt_tokens": 600,
+        "prefix_cache_hits": 60,
+        "external_hits": 120,
+        "lmcache_hit_l1": 40,
+        "lmcache_hit_l2": 80,
+        "preemptions": 0,
+        "hbm_watermark": 0.7,
+        "hbm_watermark_mean": 0.6,
+        "hbm_watermark_max": 0.8,
+        "storage_used_bytes": 456,
+    },
 }
 QUOTAS = {"chat-0": (4.0, 1.0), "chat-1": (4.0, 1.5)}  # limit_gb, current_usage_gb
 DEMAND = {"1": 2, "4": 6, "+Inf": 10}  # each pod's probe histogram, as Prometheus last scraped it
 
 
 def vector(*samples):
-    return {"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": labels, "value": [time.time(), str(value)]} for labels, value in samples]}}
+    return {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [{"metric": labels, "value": [time.time(), str(value)]} for labels, value in samples],
+        },
+    }
 
 
 def answers():
@@ -52,8 +78,10 @@ def answers():
         result[name] = (200, vector(*(({"pod": pod}, values[name]) for pod, values in SERVED.items())))
     result["ttft_p50_seconds"] = (200, vector(({}, 0.25)))
     result["ttft_p99_seconds"] = (200, vector(({}, 2)))
-    result["demand_chunks"] = (200, vector(*(({"pod": pod, "le": le}, count) for pod in SERVED
-                                             for le, count in DEMAND.items())))
+    result["demand_chunks"] = (
+        200,
+        vector(*(({"pod": pod, "le": le}, count) for pod in SERVED for le, count in DEMAND.items())),
+    )
     return result
 
 
@@ -75,8 +103,9 @@ async def prometheus():
         text = request.query.get("query", "")
         state["asked"].append(text)
         if text not in by_text:
-            return web.json_response({"status": "error", "errorType": "bad_data", "error": f"unexpected: {text}"},
-                                     status=400)
+            return web.json_response(
+                {"status": "error", "errorType": "bad_data", "error": f"unexpected: {text}"}, status=400
+            )
         status, body = state["answers"][by_text[text]]
         return web.json_response(body, status=status)
 
@@ -130,8 +159,9 @@ class FakeKube:
 
 
 def make_loop(url, bodies):
-    config = OperatorConfig(metrics_source="prometheus", prometheus_url=url, status_interval_seconds=0,
-                            scrape_timeout_seconds=1)
+    config = OperatorConfig(
+        metrics_source="prometheus", prometheus_url=url, status_interval_seconds=0, scrape_timeout_seconds=1
+    )
     loop = TelemetryLoop(config, FakeKube(), OperatorMetrics(), DemandBook(config.stale_seconds))
     loop.observe("ADDED", DEPLOYMENT)
     for body in bodies:
@@ -178,17 +208,24 @@ async def test_status_kv_comes_from_prometheus_and_probes_feed_the_demand_book(p
     prompt = sum(v["prompt_tokens"] for v in SERVED.values())
     hbm = sum(v["prefix_cache_hits"] for v in SERVED.values())
     external = sum(v["external_hits"] for v in SERVED.values())
-    storage = sum(v["external_hits"] * v["lmcache_hit_l2"] / (v["lmcache_hit_l1"] + v["lmcache_hit_l2"])
-                  for v in SERVED.values())
+    storage = sum(
+        v["external_hits"] * v["lmcache_hit_l2"] / (v["lmcache_hit_l1"] + v["lmcache_hit_l2"]) for v in SERVED.values()
+    )
     kv = patch["status"]["kv"]
-    assert kv["hitRatio"] == {"hbm": round(hbm / prompt, 4), "cpu": round((external - storage) / prompt, 4),
-                              "storage": round(storage / prompt, 4), "total": round((hbm + external) / prompt, 4)}
+    assert kv["hitRatio"] == {
+        "hbm": round(hbm / prompt, 4),
+        "cpu": round((external - storage) / prompt, 4),
+        "storage": round(storage / prompt, 4),
+        "total": round((hbm + external) / prompt, 4),
+    }
     assert kv["hbmWatermark"] == round((0.4 + 0.6) / 2, 4) and kv["hbmWatermarkMax"] == 0.9
     assert (kv["ttftP50Seconds"], kv["ttftP99Seconds"]) == (0.25, 2.0)
     assert kv["preemptionsPerSecond"] == round(30 / 300, 4)
     assert kv["storage"] == {"used": format_quantity(int((1.0 + 1.5) * GiB))}  # the quota API, not the gauge
-    assert kv["demand"] == {"unit": "chunks", "points": [{"capacity": 1.0, "hitRatio": 0.2},
-                                                         {"capacity": 4.0, "hitRatio": 0.6}]}
+    assert kv["demand"] == {
+        "unit": "chunks",
+        "points": [{"capacity": 1.0, "hitRatio": 0.2}, {"capacity": 4.0, "hitRatio": 0.6}],
+    }
     sample = loop.metrics.registry.get_sample_value
     labels = {"namespace": "ns", "deployment": "chat"}
     assert sample("kvtier_deployment_storage_quota_bytes", labels) == 4 * GiB
@@ -213,7 +250,7 @@ async def test_a_failing_prometheus_makes_metrics_unavailable_and_says_why(prome
     loop = make_loop(url, bodies)
     async with Scraper(timeout=1) as scraper:
         await loop.cycle(scraper, PrometheusClient(url, scraper))
-    (_, _, _, _, patch), = loop.kube.patches
+    ((_, _, _, _, patch),) = loop.kube.patches
     found = condition(patch)
     assert (found["status"], found["reason"]) == ("False", "ScrapeFailed"), found
     if failure == "unreachable":
@@ -225,5 +262,9 @@ async def test_a_failing_prometheus_makes_metrics_unavailable_and_says_why(prome
     # Numbers from part of the series (or none) are not written: status.kv keeps its last ones.
     assert "kv" not in patch["status"], patch
     assert [e["reason"] for e in loop.kube.events] == ["ScrapeFailed"]
-    assert loop.metrics.registry.get_sample_value("kvtier_deployment_metrics_stale",
-                                                  {"namespace": "ns", "deployment": "chat"}) == 1
+    assert (
+        loop.metrics.registry.get_sample_value(
+            "kvtier_deployment_metrics_stale", {"namespace": "ns", "deployment": "chat"}
+        )
+        == 1
+    )

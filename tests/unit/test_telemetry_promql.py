@@ -13,8 +13,13 @@ SELECTOR = 'namespace="ns",pod=~"m-[0-9]+"'
 
 
 def vector(*samples):
-    return {"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": labels, "value": [1700000000.0, value]} for labels, value in samples]}}
+    return {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [{"metric": labels, "value": [1700000000.0, value]} for labels, value in samples],
+        },
+    }
 
 
 def per_pod(**values):
@@ -25,27 +30,41 @@ def test_queries_use_total_suffixes_old_names_and_the_window():
     queries = deployment_queries(SELECTOR, 300)
     assert queries["prefix_cache_hits"] == (
         f"sum by (pod) (increase(vllm:prefix_cache_hits_total{{{SELECTOR}}}[300s])) or "
-        f"sum by (pod) (increase(vllm:gpu_prefix_cache_hits_total{{{SELECTOR}}}[300s]))")
+        f"sum by (pod) (increase(vllm:gpu_prefix_cache_hits_total{{{SELECTOR}}}[300s]))"
+    )
     assert queries["ttft_p99_seconds"] == (
-        f"histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{SELECTOR}}}[300s])))")
-    assert "vllm:gpu_cache_usage_perc" in queries["hbm_watermark_max"] and "max_over_time" in queries["hbm_watermark_max"]
+        f"histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{SELECTOR}}}[300s])))"
+    )
+    assert (
+        "vllm:gpu_cache_usage_perc" in queries["hbm_watermark_max"] and "max_over_time" in queries["hbm_watermark_max"]
+    )
     assert "lmcache_mp_lookup_hit_l2_tokens_total" in queries["lmcache_hit_l2"]
     assert queries["demand_bytes"] == f"sum by (pod, le) (kvtier_probe_stack_distance_bytes_bucket{{{SELECTOR}}})"
 
 
-@pytest.mark.parametrize(("body", "samples", "error"), [
-    (vector(({"pod": "a"}, "1.5"), ({"pod": "b"}, "NaN")), [({"pod": "a"}, 1.5), ({"pod": "b"}, math.nan)], None),
-    (json.dumps(vector(({}, "+Inf"))).encode(), [({}, math.inf)], None),
-    ({"status": "success", "data": {"resultType": "scalar", "result": [1.0, "2"]}}, [({}, 2.0)], None),
-    ({"status": "error", "errorType": "bad_data", "error": "parse error"}, [], "query failed: bad_data: parse error"),
-    ({"status": "success", "data": {"resultType": "matrix", "result": []}}, [], "not an instant vector: 'matrix'"),
-    (b"<html>502</html>", [], "unreadable answer"),
-    (b"[1, 2]", [], "answer is not a JSON object"),
-    (vector(({"pod": "a"}, 3)), [], "malformed vector element"),  # a number where a string belongs
-    ({"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1]}]}}, [],
-     "malformed vector element"),
-    (None, [], "answer is not a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("body", "samples", "error"),
+    [
+        (vector(({"pod": "a"}, "1.5"), ({"pod": "b"}, "NaN")), [({"pod": "a"}, 1.5), ({"pod": "b"}, math.nan)], None),
+        (json.dumps(vector(({}, "+Inf"))).encode(), [({}, math.inf)], None),
+        ({"status": "success", "data": {"resultType": "scalar", "result": [1.0, "2"]}}, [({}, 2.0)], None),
+        (
+            {"status": "error", "errorType": "bad_data", "error": "parse error"},
+            [],
+            "query failed: bad_data: parse error",
+        ),
+        ({"status": "success", "data": {"resultType": "matrix", "result": []}}, [], "not an instant vector: 'matrix'"),
+        (b"<html>502</html>", [], "unreadable answer"),
+        (b"[1, 2]", [], "answer is not a JSON object"),
+        (vector(({"pod": "a"}, 3)), [], "malformed vector element"),  # a number where a string belongs
+        (
+            {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1]}]}},
+            [],
+            "malformed vector element",
+        ),
+        (None, [], "answer is not a JSON object"),
+    ],
+)
 def test_parse_vector(body, samples, error):
     got, reason = parse_vector(body)
     assert [(labels, repr(value)) for labels, value in got] == [(labels, repr(value)) for labels, value in samples]
@@ -65,8 +84,13 @@ def answers():
         "hbm_watermark_max": per_pod(**{"m-0": 0.9, "m-1": 0.8}),
         "ttft_p50_seconds": vector(({}, "0.25")),
         "ttft_p99_seconds": vector(({}, "2")),
-        "demand_chunks": vector(*(({"pod": pod, "le": le}, str(value)) for pod in ("m-0", "m-1")
-                                  for le, value in (("1", 1), ("2", 3), ("+Inf", 5)))),
+        "demand_chunks": vector(
+            *(
+                ({"pod": pod, "le": le}, str(value))
+                for pod in ("m-0", "m-1")
+                for le, value in (("1", 1), ("2", 3), ("+Inf", 5))
+            )
+        ),
         "demand_bytes": vector(),
         "storage_used_bytes": vector(),
     }
@@ -90,8 +114,10 @@ def test_missing_pods_series_and_failed_queries_make_it_stale():
     results["hbm_watermark"] = per_pod(**{"m-0": 0.5})  # m-1 has no fresh sample
     results["lmcache_hit_l1"] = per_pod(**{"m-1": 0})
     summary = summary_from_results(results, 300, required=REQUIRED_LMCACHE_MP, expected=["m-0", "m-1", "m-2"])
-    assert summary.stale == ("replica m-0: not served: lmcache_mp_lookup_hit_l1_tokens; replica m-1: no fresh sample; "
-                             "replica m-2: no sample in the window")
+    assert summary.stale == (
+        "replica m-0: not served: lmcache_mp_lookup_hit_l1_tokens; replica m-1: no fresh sample; "
+        "replica m-2: no sample in the window"
+    )
     results = answers()
     results["ttft_p50_seconds"] = {"status": "error", "errorType": "timeout", "error": "query timed out"}
     summary = summary_from_results(results, 300)

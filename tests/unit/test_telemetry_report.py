@@ -9,12 +9,20 @@ from kvtier.probe.demand import HitCurve
 from kvtier.telemetry.report import AlertRules, Alerts, kv_status, metrics_condition, percent, seconds
 from kvtier.telemetry.stats import HitRatio, Summary
 
-SUMMARY = Summary(replicas=2, hbm_watermark_mean=0.4567891, hbm_watermark_max=0.9, prompt_tokens_per_second=100.0,
-                  hit_ratio=HitRatio(hbm=0.5, cpu=0.1, storage=0.2, total=0.8), ttft_p50_seconds=0.123456,
-                  ttft_p99_seconds=1.5, preemptions_per_second=0.0, storage_quota_bytes=2**40,
-                  storage_used_bytes=3 * 2**30,
-                  demand=HitCurve(capacities=tuple(float(2**k) for k in range(20)), hits=tuple(range(20)), total=20),
-                  demand_unit="bytes")
+SUMMARY = Summary(
+    replicas=2,
+    hbm_watermark_mean=0.4567891,
+    hbm_watermark_max=0.9,
+    prompt_tokens_per_second=100.0,
+    hit_ratio=HitRatio(hbm=0.5, cpu=0.1, storage=0.2, total=0.8),
+    ttft_p50_seconds=0.123456,
+    ttft_p99_seconds=1.5,
+    preemptions_per_second=0.0,
+    storage_quota_bytes=2**40,
+    storage_used_bytes=3 * 2**30,
+    demand=HitCurve(capacities=tuple(float(2**k) for k in range(20)), hits=tuple(range(20)), total=20),
+    demand_unit="bytes",
+)
 
 
 def test_kv_status_is_rounded_valid_and_leaves_the_quota_to_the_reconcile():
@@ -39,26 +47,31 @@ def test_percentages_for_people(ratio, text):
     assert percent(ratio) == text
 
 
-@pytest.mark.parametrize(("value", "text"), [(0.85, "850ms"), (1.5, "1.5s"), (15.24, "15.2s"), (152.3, "152s"),
-                                             (0.0, "0ms"), (None, None)])
+@pytest.mark.parametrize(
+    ("value", "text"), [(0.85, "850ms"), (1.5, "1.5s"), (15.24, "15.2s"), (152.3, "152s"), (0.0, "0ms"), (None, None)]
+)
 def test_seconds_for_people(value, text):
     assert seconds(value) == text
 
 
 def test_numbers_that_are_not_known_are_left_out():
-    kv = kv_status(Summary(replicas=1, hbm_watermark_mean=0.2, hit_ratio=HitRatio(hbm=0.1),
-                           storage_used_bytes=float("nan")))
+    kv = kv_status(
+        Summary(replicas=1, hbm_watermark_mean=0.2, hit_ratio=HitRatio(hbm=0.1), storage_used_bytes=float("nan"))
+    )
     assert set(kv) == {"hbmWatermark", "hitRatio", "sampledAt", "shown"} and kv["hitRatio"] == {"hbm": 0.1}
     assert kv["shown"] == {"hbmWatermark": "20%"}
 
 
-@pytest.mark.parametrize("summary, ready, failures, expected", [
-    (SUMMARY, 2, [], ("True", "MetricsFresh")),
-    (None, 0, [], ("Unknown", "NoReadyReplicas")),
-    (None, 2, [], ("Unknown", "NotScrapedYet")),
-    (Summary(replicas=1, stale="replica chat-1: no sample in the window"), 2, [], ("False", "MetricsStale")),
-    (SUMMARY, 2, ["chat-0: vllm: timeout: no answer within 2s"], ("False", "ScrapeFailed")),
-])
+@pytest.mark.parametrize(
+    "summary, ready, failures, expected",
+    [
+        (SUMMARY, 2, [], ("True", "MetricsFresh")),
+        (None, 0, [], ("Unknown", "NoReadyReplicas")),
+        (None, 2, [], ("Unknown", "NotScrapedYet")),
+        (Summary(replicas=1, stale="replica chat-1: no sample in the window"), 2, [], ("False", "MetricsStale")),
+        (SUMMARY, 2, ["chat-0: vllm: timeout: no answer within 2s"], ("False", "ScrapeFailed")),
+    ],
+)
 def test_metrics_available_says_why(summary, ready, failures, expected):
     status, reason, message = metrics_condition(summary, ready, failures)
     assert (status, reason) == expected and message

@@ -69,9 +69,17 @@ async def server():
         return web.Response(text="<html>")
 
     app = web.Application()
-    for path, handler in (("/metrics", page), ("/slow", slow), ("/error", error), ("/huge", huge),
-                          ("/declared-huge", declared_huge), ("/garbage", garbage), ("/cut", cut),
-                          ("/quota", quota), ("/not-json", not_json)):
+    for path, handler in (
+        ("/metrics", page),
+        ("/slow", slow),
+        ("/error", error),
+        ("/huge", huge),
+        ("/declared-huge", declared_huge),
+        ("/garbage", garbage),
+        ("/cut", cut),
+        ("/quota", quota),
+        ("/not-json", not_json),
+    ):
         app.router.add_get(path, handler)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
     await runner.setup()
@@ -84,14 +92,17 @@ def target(host):
     return Target("ns", "chat", "chat-0", host, (("vllm", 8000),))
 
 
-@pytest.mark.parametrize("path, reason", [
-    ("/slow?s=5", "timeout"),
-    ("/error", "http_status"),
-    ("/huge", "too_large"),
-    ("/declared-huge", "too_large"),
-    ("/garbage", "parse"),
-    ("/cut", "connection"),
-])
+@pytest.mark.parametrize(
+    "path, reason",
+    [
+        ("/slow?s=5", "timeout"),
+        ("/error", "http_status"),
+        ("/huge", "too_large"),
+        ("/declared-huge", "too_large"),
+        ("/garbage", "parse"),
+        ("/cut", "connection"),
+    ],
+)
 async def test_failures_are_classified_and_counted(server, path, reason):
     host, _ = server
     metrics = OperatorMetrics()
@@ -99,8 +110,7 @@ async def test_failures_are_classified_and_counted(server, path, reason):
         scrape = await scraper.scrape(target(host), "vllm", f"http://{host}:8000{path}")
     assert (scrape.error, scrape.ok) == (reason, False), scrape.detail
     assert scrape.detail
-    assert metrics.registry.get_sample_value("kvtier_scrape_errors_total",
-                                             {"endpoint": "vllm", "reason": reason}) == 1
+    assert metrics.registry.get_sample_value("kvtier_scrape_errors_total", {"endpoint": "vllm", "reason": reason}) == 1
 
 
 async def test_a_closed_port_is_refused():
@@ -113,8 +123,10 @@ async def test_a_closed_port_is_refused():
 async def test_scrape_all_covers_every_endpoint_and_records_the_cycle(server):
     host, _ = server
     metrics = OperatorMetrics()
-    targets = [Target("ns", "chat", "chat-0", host, (("vllm", 8000), ("quota", 8000))),
-               Target("ns", "chat", "chat-1", address(), (("vllm", 8000),))]
+    targets = [
+        Target("ns", "chat", "chat-0", host, (("vllm", 8000), ("quota", 8000))),
+        Target("ns", "chat", "chat-1", address(), (("vllm", 8000),)),
+    ]
     async with Scraper(metrics=metrics, timeout=1) as scraper:
         scrapes = await scraper.scrape_all(targets)
     by = {(s.target.pod, s.endpoint): s for s in scrapes}

@@ -63,37 +63,49 @@ def test_old_and_new_vllm_names_give_the_same_snapshot(text):
 
 
 def test_missing_series_are_none_and_declared_empty_counters_are_zero():
-    snapshot = replica_snapshot(page("# TYPE lmcache_mp_lookup_hit_l1_tokens_total counter\nvllm:kv_cache_usage_perc 0\n"),
-                                lmcache=page(""))
+    snapshot = replica_snapshot(
+        page("# TYPE lmcache_mp_lookup_hit_l1_tokens_total counter\nvllm:kv_cache_usage_perc 0\n"), lmcache=page("")
+    )
     assert snapshot.lmcache_hit_l1 == 0.0
     assert snapshot.lmcache_hit_l2 is None and snapshot.prefix_cache_hits is None and snapshot.prompt_tokens is None
     assert snapshot.hbm_watermark == 0.0
 
 
 def test_invalid_values_are_none_with_a_reason():
-    snapshot = replica_snapshot(page("vllm:prefix_cache_hits_total -3\nvllm:kv_cache_usage_perc NaN\n"
-                                     "vllm:prompt_tokens_total{engine=\"0\"} NaN\n"))
+    snapshot = replica_snapshot(
+        page(
+            'vllm:prefix_cache_hits_total -3\nvllm:kv_cache_usage_perc NaN\nvllm:prompt_tokens_total{engine="0"} NaN\n'
+        )
+    )
     assert (snapshot.prefix_cache_hits, snapshot.hbm_watermark, snapshot.prompt_tokens) == (None, None, None)
     assert len(snapshot.problems) == 3
 
 
 def test_lmcache_mp_counters_summed_over_salts_and_classic_names():
-    mp = page('lmcache_mp_lookup_requested_tokens_total{cache_salt="",model_name="m"} 10\n'
-              'lmcache_mp_lookup_requested_tokens_total{cache_salt="t1",model_name="m"} 20\n'
-              'lmcache_mp_lookup_hit_l1_tokens{cache_salt="t1"} 4\nlmcache_mp_lookup_hit_l2_tokens{cache_salt="t1"} 6\n')
+    mp = page(
+        'lmcache_mp_lookup_requested_tokens_total{cache_salt="",model_name="m"} 10\n'
+        'lmcache_mp_lookup_requested_tokens_total{cache_salt="t1",model_name="m"} 20\n'
+        'lmcache_mp_lookup_hit_l1_tokens{cache_salt="t1"} 4\nlmcache_mp_lookup_hit_l2_tokens{cache_salt="t1"} 6\n'
+    )
     snapshot = replica_snapshot(lmcache=mp)
     assert (snapshot.lmcache_requested, snapshot.lmcache_hit_l1, snapshot.lmcache_hit_l2) == (30, 4, 6)
-    classic = page("lmcache:num_requested_tokens_total{worker_id=\"0\"} 8\nlmcache:num_hit_tokens_total"
-                   "{worker_id=\"0\"} 5\nlmcache:local_cache_usage{worker_id=\"0\"} 1024\n"
-                   "lmcache:local_cache_usage{worker_id=\"1\"} 2048\nlmcache:local_storage_usage 4096\n")
+    classic = page(
+        'lmcache:num_requested_tokens_total{worker_id="0"} 8\nlmcache:num_hit_tokens_total'
+        '{worker_id="0"} 5\nlmcache:local_cache_usage{worker_id="0"} 1024\n'
+        'lmcache:local_cache_usage{worker_id="1"} 2048\nlmcache:local_storage_usage 4096\n'
+    )
     snapshot = replica_snapshot(vllm=classic)  # in-process LMCache serves from vLLM's page
     assert (snapshot.lmcache_requested, snapshot.lmcache_hit, snapshot.cpu_used_bytes) == (8, 5, 3072)
     assert snapshot.storage_used_bytes == 4096
 
 
 def test_prompt_tokens_fall_back_to_the_sum_by_source():
-    snapshot = replica_snapshot(page('vllm:prompt_tokens_by_source_total{source="local_compute"} 5\n'
-                                     'vllm:prompt_tokens_by_source_total{source="local_cache_hit"} 7\n'))
+    snapshot = replica_snapshot(
+        page(
+            'vllm:prompt_tokens_by_source_total{source="local_compute"} 5\n'
+            'vllm:prompt_tokens_by_source_total{source="local_cache_hit"} 7\n'
+        )
+    )
     assert snapshot.prompt_tokens == 12
     assert snapshot.prompt_tokens_by_source == {"local_compute": 5, "local_cache_hit": 7}
 
@@ -115,8 +127,11 @@ def test_histograms_are_summed_over_engines_and_checked():
     assert ttft.pairs == ((0.1, 3), (1.0, 5), (math.inf, 6)) and ttft.sum == 5.1
     no_inf = replica_snapshot(page(TTFT.replace('le="+Inf"', 'le="10"')))
     assert no_inf.ttft is None and "+Inf" in no_inf.problems[0]
-    falling = replica_snapshot(page('vllm:time_to_first_token_seconds_bucket{le="1"} 5\n'
-                                    'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 4\n'))
+    falling = replica_snapshot(
+        page(
+            'vllm:time_to_first_token_seconds_bucket{le="1"} 5\nvllm:time_to_first_token_seconds_bucket{le="+Inf"} 4\n'
+        )
+    )
     assert falling.ttft is None
     mixed = replica_snapshot(page(TTFT.replace('engine="1",le="1.0"', 'engine="1",le="2.0"')))
     assert mixed.ttft is None
@@ -127,11 +142,22 @@ def test_quota_api_answers():
     assert quota_usage(one) == (2 * GB, 0.5 * GB)
     assert quota_usage({**one, "exists": False}) == (None, 0.5 * GB)  # a salt without a quota
     # GET /quota as LMCache 0.5.6 answers it: an object keyed by salt (only salts with a quota)
-    listed = {"users": {"_default": {"limit_gb": 2.0, "current_usage_gb": 0.5},
-                        "t": {"limit_gb": 1.0, "current_usage_gb": 0.25}}}
+    listed = {
+        "users": {
+            "_default": {"limit_gb": 2.0, "current_usage_gb": 0.5},
+            "t": {"limit_gb": 1.0, "current_usage_gb": 0.25},
+        }
+    }
     assert quota_usage(listed) == (3 * GB, 0.75 * GB)
-    for broken in ({"users": "x"}, {"limit_gb": "2"}, {"users": {"a": 1}}, {"limit_gb": -1, "current_usage_gb": 0},
-                   [], {"users": {}}, {"users": [{"limit_gb": 1, "current_usage_gb": 0}]}):
+    for broken in (
+        {"users": "x"},
+        {"limit_gb": "2"},
+        {"users": {"a": 1}},
+        {"limit_gb": -1, "current_usage_gb": 0},
+        [],
+        {"users": {}},
+        {"users": [{"limit_gb": 1, "current_usage_gb": 0}]},
+    ):
         assert quota_usage(broken) == (None, None)
 
 
@@ -152,13 +178,16 @@ def test_buckets_increase_and_restart():
     assert buckets_increase([histogram(1, 1)]) is None
 
 
-@pytest.mark.parametrize(("quantile", "expected"), [
-    (0.5, 0.55),      # rank 5 of 10: bucket (0.1, 1.0] holds counts 1..9 -> 0.1 + 0.9 * 4/8
-    (0.05, 0.05),     # inside the first bucket, from 0
-    (0.95, 1.0),      # rank 9.5 falls in +Inf: the highest finite bound
-    (0.9, 1.0),
-    (0.0, 0.0),
-])
+@pytest.mark.parametrize(
+    ("quantile", "expected"),
+    [
+        (0.5, 0.55),  # rank 5 of 10: bucket (0.1, 1.0] holds counts 1..9 -> 0.1 + 0.9 * 4/8
+        (0.05, 0.05),  # inside the first bucket, from 0
+        (0.95, 1.0),  # rank 9.5 falls in +Inf: the highest finite bound
+        (0.9, 1.0),
+        (0.0, 0.0),
+    ],
+)
 def test_histogram_quantile_like_promql(quantile, expected):
     buckets = Buckets(((0.1, 1.0), (1.0, 9.0), (math.inf, 10.0)))
     assert histogram_quantile(quantile, buckets) == pytest.approx(expected)
@@ -170,9 +199,16 @@ def test_histogram_quantile_of_nothing_is_none():
 
 
 def snapshot(prompt, hbm, l1, l2, watermark=0.5, external=None, **more):
-    return Snapshot(hbm_watermark=watermark, prompt_tokens=prompt, prefix_cache_queries=prompt,
-                    prefix_cache_hits=hbm, lmcache_hit_l1=l1, lmcache_hit_l2=l2,
-                    external_hits=l1 + l2 if external is None else external, **more)
+    return Snapshot(
+        hbm_watermark=watermark,
+        prompt_tokens=prompt,
+        prefix_cache_queries=prompt,
+        prefix_cache_hits=hbm,
+        lmcache_hit_l1=l1,
+        lmcache_hit_l2=l2,
+        external_hits=l1 + l2 if external is None else external,
+        **more,
+    )
 
 
 def test_window_with_a_restart_and_two_replicas():
@@ -188,8 +224,12 @@ def test_window_with_a_restart_and_two_replicas():
     prompt = 1000 + 500 + 500
     assert summary.replicas == 2 and summary.stale is None
     # a's 220 external tokens split 150:50 (L1:L2) -> 165 CPU, 55 storage.
-    assert summary.hit_ratio == HitRatio(hbm=pytest.approx(250 / prompt), cpu=pytest.approx(165 / prompt),
-                                         storage=pytest.approx(305 / prompt), total=pytest.approx(720 / prompt))
+    assert summary.hit_ratio == HitRatio(
+        hbm=pytest.approx(250 / prompt),
+        cpu=pytest.approx(165 / prompt),
+        storage=pytest.approx(305 / prompt),
+        total=pytest.approx(720 / prompt),
+    )
     assert summary.hbm_watermark_mean == pytest.approx((0.4 + 0.9) / 2) and summary.hbm_watermark_max == 0.9
     assert summary.prompt_tokens_per_second == pytest.approx(1500 / 20 + 500 / 10)
 
@@ -217,7 +257,7 @@ def test_samples_leave_the_window_and_the_baseline_stays():
         window.add("a", time, snapshot(prompt, prompt // 2, 0, 0, watermark=time / 100))
     summary = window.summary(50)
     assert summary.prompt_tokens_per_second == pytest.approx(10)  # baseline t=20 to t=50
-    assert summary.hbm_watermark_mean == pytest.approx(0.4)      # samples at 30, 40, 50
+    assert summary.hbm_watermark_mean == pytest.approx(0.4)  # samples at 30, 40, 50
     assert summary.hit_ratio.hbm == 0.5
 
 
@@ -226,8 +266,10 @@ def test_staleness_reasons():
     window.add("a", 0, snapshot(0, 0, 0, 0))
     window.add("b", 0, Snapshot(hbm_watermark=0.1, prompt_tokens=5, prefix_cache_hits=1))
     summary = window.summary(10, replicas=["a", "b", "c"])
-    assert summary.stale == ("replica b: not served: lmcache_mp_lookup_hit_l1_tokens, lmcache_mp_lookup_hit_l2_tokens; "
-                             "replica c: no sample in the window")
+    assert summary.stale == (
+        "replica b: not served: lmcache_mp_lookup_hit_l1_tokens, lmcache_mp_lookup_hit_l2_tokens; "
+        "replica c: no sample in the window"
+    )
     assert window.summary(31, replicas=["a"]).stale.startswith("replica a: no sample in the last 30 s")
     assert DeploymentWindow(60, 30).summary(0).stale == "no replica has reported metrics"
 
@@ -251,10 +293,15 @@ def test_replicas_come_and_go():
 def test_ttft_preemptions_storage_and_demand():
     def replica(time, ttft_counts, preemptions, demand_counts):
         return Snapshot(
-            hbm_watermark=0.1, prompt_tokens=1, prefix_cache_hits=0, preemptions=preemptions,
+            hbm_watermark=0.1,
+            prompt_tokens=1,
+            prefix_cache_hits=0,
+            preemptions=preemptions,
             ttft=Buckets(tuple(zip((0.1, 1.0, math.inf), ttft_counts))),
-            storage_quota_bytes=GB if time else 2 * GB, storage_used_bytes=time * 1000,
-            demand_bytes=Buckets(tuple(zip((10.0, 20.0, math.inf), demand_counts))))
+            storage_quota_bytes=GB if time else 2 * GB,
+            storage_used_bytes=time * 1000,
+            demand_bytes=Buckets(tuple(zip((10.0, 20.0, math.inf), demand_counts))),
+        )
 
     window = DeploymentWindow(60, 30)
     window.add("a", 0, replica(0, (0, 0, 0), 0, (1, 2, 4)))
@@ -272,8 +319,13 @@ def test_ttft_preemptions_storage_and_demand():
 
 
 def test_material_change():
-    base = Summary(replicas=2, hbm_watermark_mean=0.5, hit_ratio=HitRatio(0.5, 0.1, 0.1, 0.7), ttft_p50_seconds=1.0,
-                   storage_quota_bytes=GB)
+    base = Summary(
+        replicas=2,
+        hbm_watermark_mean=0.5,
+        hit_ratio=HitRatio(0.5, 0.1, 0.1, 0.7),
+        ttft_p50_seconds=1.0,
+        storage_quota_bytes=GB,
+    )
     assert materially_changed(None, base)
     assert not materially_changed(base, base)
     assert not materially_changed(base, Summary(**{**base.__dict__, "hbm_watermark_mean": 0.505}))
@@ -288,8 +340,10 @@ def test_material_change():
 
 
 def test_summarise_ignores_replicas_without_a_denominator():
-    windows = {"a": ReplicaWindow(seconds=10, increases={"prompt_tokens": 100, "prefix_cache_hits": 50}),
-               "b": ReplicaWindow(seconds=10, increases={"prefix_cache_hits": 999})}
+    windows = {
+        "a": ReplicaWindow(seconds=10, increases={"prompt_tokens": 100, "prefix_cache_hits": 50}),
+        "b": ReplicaWindow(seconds=10, increases={"prefix_cache_hits": 999}),
+    }
     assert summarise(windows).hit_ratio.hbm == 0.5
 
 
@@ -300,10 +354,14 @@ PARAMS = EngineParams(block_tokens=4, kv_bytes_per_token=1 << 18, hbm_blocks=4, 
 
 def sim_snapshot(server, probe=None):
     probe_page = parse_exposition(generate_latest(probe)) if probe is not None else None
-    return replica_snapshot(parse_exposition(generate_latest(server.vllm_registry)),
-                            parse_exposition(generate_latest(server.mp_registry)), probe_page,
-                            quota={"users": {server.quota_entry(salt)["cache_salt"]: server.quota_entry(salt)
-                                             for salt in server.quota_salts()}})
+    return replica_snapshot(
+        parse_exposition(generate_latest(server.vllm_registry)),
+        parse_exposition(generate_latest(server.mp_registry)),
+        probe_page,
+        quota={
+            "users": {server.quota_entry(salt)["cache_salt"]: server.quota_entry(salt) for salt in server.quota_salts()}
+        },
+    )
 
 
 def test_simulated_replicas_end_to_end():
@@ -343,9 +401,12 @@ def test_simulated_replicas_end_to_end():
 def test_probe_page_becomes_the_demand_curve():
     probe = DemandProbe(max_chunks=8, chunk_bytes=100)
     for index, hashes in enumerate((["a", "b"], ["a", "b"], ["a", "c"])):
-        probe.feed(('{"timestamp": %d, "request_id": "r%d", "model_name": "m", "chunk_size": 4, "seq_len": 8, '
-                    '"dtypes": [], "shapes": [], "chunk_hashes": %s}' % (index, index, str(hashes).replace("'", '"'))
-                    ).encode())
+        probe.feed(
+            (
+                '{"timestamp": %d, "request_id": "r%d", "model_name": "m", "chunk_size": 4, "seq_len": 8, '
+                '"dtypes": [], "shapes": [], "chunk_hashes": %s}' % (index, index, str(hashes).replace("'", '"'))
+            ).encode()
+        )
     snapshot = replica_snapshot(probe=parse_exposition(generate_latest(_registry(probe))))
     counts, total, _ = probe.buckets()
     assert snapshot.demand_chunks.pairs == (*zip(map(float, probe.bounds), counts), (math.inf, total))

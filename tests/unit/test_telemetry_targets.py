@@ -8,11 +8,16 @@ from kvtier.kube import APIError
 from kvtier.telemetry.targets import Target, TargetIndex, target_of
 
 
-def replica(name, *, deployment="chat", namespace="ns", ready=True, ip="127.1.0.5", uid=None, containers=None,
-            deleting=False):
+def replica(
+    name, *, deployment="chat", namespace="ns", ready=True, ip="127.1.0.5", uid=None, containers=None, deleting=False
+):
     conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
-    metadata = {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}",
-                "labels": {"kvtier.io/deployment": deployment} if deployment else {}}
+    metadata = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid or f"uid-{name}",
+        "labels": {"kvtier.io/deployment": deployment} if deployment else {},
+    }
     if deleting:
         metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     if containers is None:
@@ -21,29 +26,36 @@ def replica(name, *, deployment="chat", namespace="ns", ready=True, ip="127.1.0.
             {"name": "lmcache", "ports": [{"name": "lmcache-api", "containerPort": 8080}]},
             {"name": "kvtier-probe", "ports": [{"name": "probe-metrics", "containerPort": 9400}]},
         ]
-    return {"metadata": metadata, "spec": {"containers": containers},
-            "status": {"podIP": ip, "conditions": conditions}}
+    return {"metadata": metadata, "spec": {"containers": containers}, "status": {"podIP": ip, "conditions": conditions}}
 
 
 def test_a_ready_replica_is_a_target_with_its_endpoints():
     target = target_of(replica("chat-0"))
-    assert target == Target("ns", "chat", "chat-0", "127.1.0.5",
-                            (("vllm", 8000), ("lmcache", 8080), ("probe", 9400), ("quota", 8080)))
+    assert target == Target(
+        "ns", "chat", "chat-0", "127.1.0.5", (("vllm", 8000), ("lmcache", 8080), ("probe", 9400), ("quota", 8080))
+    )
     # LMCache 0.5.6 serves /metrics on its HTTP port, beside /quota
-    assert target.urls() == {"vllm": "http://127.1.0.5:8000/metrics", "lmcache": "http://127.1.0.5:8080/metrics",
-                             "probe": "http://127.1.0.5:9400/metrics", "quota": "http://127.1.0.5:8080/quota"}
+    assert target.urls() == {
+        "vllm": "http://127.1.0.5:8000/metrics",
+        "lmcache": "http://127.1.0.5:8080/metrics",
+        "probe": "http://127.1.0.5:9400/metrics",
+        "quota": "http://127.1.0.5:8080/quota",
+    }
     assert target_of(replica("v6", ip="fd00::5")).urls()["vllm"] == "http://[fd00::5]:8000/metrics"
 
 
-@pytest.mark.parametrize("pod", [
-    replica("not-ready", ready=False),
-    replica("no-ip", ip=""),
-    replica("deleting", deleting=True),
-    replica("not-ours", deployment=None),
-    replica("no-ports", containers=[{"name": "vllm"}, {"name": "sidecar", "ports": [{"containerPort": 1}]}]),
-    replica("bad-port", containers=[{"name": "vllm", "ports": [{"name": "http", "containerPort": "x"}]}]),
-    {"metadata": {"name": "bare", "labels": {"kvtier.io/deployment": "chat"}}},
-])
+@pytest.mark.parametrize(
+    "pod",
+    [
+        replica("not-ready", ready=False),
+        replica("no-ip", ip=""),
+        replica("deleting", deleting=True),
+        replica("not-ours", deployment=None),
+        replica("no-ports", containers=[{"name": "vllm"}, {"name": "sidecar", "ports": [{"containerPort": 1}]}]),
+        replica("bad-port", containers=[{"name": "vllm", "ports": [{"name": "http", "containerPort": "x"}]}]),
+        {"metadata": {"name": "bare", "labels": {"kvtier.io/deployment": "chat"}}},
+    ],
+)
 def test_pods_that_cannot_be_scraped_are_not_targets(pod):
     assert target_of(pod) is None
 
@@ -54,7 +66,9 @@ def test_events_add_update_and_remove_targets_by_deployment():
     index.apply("ADDED", replica("chat-1", ip="127.1.0.6"))
     index.apply("ADDED", replica("code-0", deployment="code", ip="127.1.0.7"))
     assert {key: [t.pod for t in ts] for key, ts in index.by_deployment().items()} == {
-        ("ns", "chat"): ["chat-0", "chat-1"], ("ns", "code"): ["code-0"]}
+        ("ns", "chat"): ["chat-0", "chat-1"],
+        ("ns", "code"): ["code-0"],
+    }
     index.apply("MODIFIED", replica("chat-1", ready=False, ip="127.1.0.6"))
     index.apply("DELETED", replica("code-0", deployment="code"))
     assert [t.pod for t in index.targets()] == ["chat-0"]
@@ -83,8 +97,7 @@ class FakeKube:
         self.calls.append(("list", namespace, label_selector))
         return self.lists.pop(0)
 
-    async def watch(self, resource, namespace=None, *, resource_version=None, timeout_seconds=300,
-                    label_selector=None):
+    async def watch(self, resource, namespace=None, *, resource_version=None, timeout_seconds=300, label_selector=None):
         self.calls.append(("watch", namespace, resource_version))
         if not self.watches:
             await asyncio.Event().wait()  # a quiet stream, until cancelled
@@ -122,25 +135,36 @@ async def test_the_watch_resumes_from_the_last_version_and_lists_again_only_when
     kube = FakeKube(
         lists=[listing("10", replica("chat-0")), listing("50", replica("chat-2"))],
         watches=[
-            [event("ADDED", replica("chat-1"), "11"), {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "20"}}}],
+            [
+                event("ADDED", replica("chat-1"), "11"),
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "20"}}},
+            ],
             [event("DELETED", replica("chat-0"), "21")],
             [{"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}],
             [event("ADDED", replica("chat-3"), "51")],
-        ])
+        ],
+    )
     index = TargetIndex()
     await run_until(index, kube, lambda: len(kube.calls) >= 7 and not kube.watches)
     assert index.synced.is_set()
-    assert kube.calls == [("list", None, "kvtier.io/deployment"), ("watch", None, "10"), ("watch", None, "20"),
-                          ("watch", None, "21"), ("list", None, "kvtier.io/deployment"), ("watch", None, "50"),
-                          ("watch", None, "51")]
+    assert kube.calls == [
+        ("list", None, "kvtier.io/deployment"),
+        ("watch", None, "10"),
+        ("watch", None, "20"),
+        ("watch", None, "21"),
+        ("list", None, "kvtier.io/deployment"),
+        ("watch", None, "50"),
+        ("watch", None, "51"),
+    ]
     assert [t.pod for t in index.targets()] == ["chat-2", "chat-3"]
     assert index.lists == 2
 
 
 async def test_watch_failures_back_off_and_resume_without_listing():
-    kube = FakeKube(lists=[listing("5", replica("chat-0"))],
-                    watches=[APIError(500, {"message": "boom"}, "WATCH", "/pods"),
-                             [event("ADDED", replica("chat-1"), "6")]])
+    kube = FakeKube(
+        lists=[listing("5", replica("chat-0"))],
+        watches=[APIError(500, {"message": "boom"}, "WATCH", "/pods"), [event("ADDED", replica("chat-1"), "6")]],
+    )
     index = TargetIndex(["ns"])
     await run_until(index, kube, lambda: len(index.targets()) == 2)
     assert [call for call in kube.calls if call[0] == "list"] == [("list", "ns", "kvtier.io/deployment")]

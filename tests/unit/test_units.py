@@ -25,7 +25,9 @@ def test_parse_quantity(text, expected):
     assert parse_quantity(text) == expected
 
 
-@pytest.mark.parametrize("text", ["-1", "10TB", "1e3", "500m", "Gi", "", " ", "1.Gi", True, None, [1], -3, float("nan")])
+@pytest.mark.parametrize(
+    "text", ["-1", "10TB", "1e3", "500m", "Gi", "", " ", "1.Gi", True, None, [1], -3, float("nan")]
+)
 def test_parse_quantity_rejects(text):
     with pytest.raises(ValueError):
         parse_quantity(text)

@@ -106,9 +106,7 @@ def _join_field_path(path: str, field_path: str) -> str:
     return f"{path}{field_path}" if path else field_path.lstrip(".")
 
 
-def validate_rules(
-    schema: dict[str, Any], obj: Any, old: Any = None, *, path: str = ""
-) -> list[RuleFailure]:
+def validate_rules(schema: dict[str, Any], obj: Any, old: Any = None, *, path: str = "") -> list[RuleFailure]:
     """Evaluate every `x-kubernetes-validations` rule in `schema` against `obj` (and `old`)."""
     failures: list[RuleFailure] = []
     if obj is None:

@@ -89,9 +89,13 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     properties["metadata"] = {"type": "object"}
     name_limit = getattr(model, "MAX_NAME_LENGTH", None)
     if name_limit is not None:  # the one metadata field a CRD schema may restrict (with generateName)
-        properties["metadata"]["properties"] = {"name": {
-            "type": "string", "maxLength": name_limit,
-            "description": f"Object name, at most {name_limit} characters (StatefulSet pod labels add a suffix)."}}
+        properties["metadata"]["properties"] = {
+            "name": {
+                "type": "string",
+                "maxLength": name_limit,
+                "description": f"Object name, at most {name_limit} characters (StatefulSet pod labels add a suffix).",
+            }
+        }
     schema["required"] = ["spec"]
     return schema
 
@@ -137,8 +141,12 @@ _KINDS: list[dict[str, Any]] = [
             _column("Ready", ".status.readyReplicas", "integer"),
             _column("Watermark", ".status.kv.shown.hbmWatermark", description="GPU KV cache in use"),
             _column("Hit", ".status.kv.shown.hitRatio", description="Prompt tokens served from any cache tier"),
-            _column("Storage-Hit", ".status.kv.shown.storageHitRatio", priority=1,
-                    description="Prompt tokens served from the storage tier"),
+            _column(
+                "Storage-Hit",
+                ".status.kv.shown.storageHitRatio",
+                priority=1,
+                description="Prompt tokens served from the storage tier",
+            ),
             _column("TTFT-P50", ".status.kv.shown.ttftP50", priority=1, description="Median time to first token"),
             _column("Quota", ".status.kv.storage.quota", description="Storage quota per replica"),
             _column("Pool", ".spec.kvCache.storage.poolRef", priority=1),

@@ -31,8 +31,10 @@ from kvtier.api.schema import RULES_NOT_CHECKED, metadata_errors, process_custom
 
 _GO_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
 _GO_INT = re.compile(r"^[-+]?(0b[01]+|0o?[0-7]+|0x[0-9a-fA-F]+|[0-9]+)$")
-_GO_BOOL = {**dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "on", "On", "ON", "true", "True", "TRUE"), True),
-            **dict.fromkeys(("n", "N", "no", "No", "NO", "off", "Off", "OFF", "false", "False", "FALSE"), False)}
+_GO_BOOL = {
+    **dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "on", "On", "ON", "true", "True", "TRUE"), True),
+    **dict.fromkeys(("n", "N", "no", "No", "NO", "off", "Off", "OFF", "false", "False", "FALSE"), False),
+}
 _INT64 = 2**63
 
 
@@ -60,8 +62,15 @@ def _go_scalar(loader: KubeYAMLLoader, node: yaml.ScalarNode) -> object:
     if _GO_INT.match(plain):
         sign = -1 if plain.startswith("-") else 1
         digits = plain.lstrip("+-")
-        base = 2 if digits.startswith("0b") else 16 if digits.startswith("0x") else \
-            8 if digits.startswith("0") and len(digits) > 1 else 10
+        base = (
+            2
+            if digits.startswith("0b")
+            else 16
+            if digits.startswith("0x")
+            else 8
+            if digits.startswith("0") and len(digits) > 1
+            else 10
+        )
         digits = digits[2:] if digits[:2] in ("0b", "0x", "0o") else digits
         try:
             number = sign * int(digits, base)
@@ -129,8 +138,10 @@ def crd_schemas() -> dict[str, dict[str, Any]]:
     """The generated CRDs' OpenAPI schemas, by kind."""
     from kvtier.api.crd import build_crds
 
-    return {crd["spec"]["names"]["kind"]: crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-            for crd in build_crds().values()}
+    return {
+        crd["spec"]["names"]["kind"]: crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for crd in build_crds().values()
+    }
 
 
 def admit(body: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
@@ -151,9 +162,10 @@ def admit(body: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
     stored, errors, unknown = process_custom(crd_schemas()[body["kind"]], body, None, found)
     if isinstance(metadata, dict):
         stored["metadata"] = metadata  # as written: a generated name is the server's business
-    return stored, [Problem(path, "unknown field") for path in unknown] + \
-        [Problem(error.field, error.message) if error is not RULES_NOT_CHECKED else Problem("", error.detail)
-         for error in [*found, *errors]]
+    return stored, [Problem(path, "unknown field") for path in unknown] + [
+        Problem(error.field, error.message) if error is not RULES_NOT_CHECKED else Problem("", error.detail)
+        for error in [*found, *errors]
+    ]
 
 
 #: Every kind kvtier serves, by `kind`.

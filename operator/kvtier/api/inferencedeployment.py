@@ -75,10 +75,19 @@ def _check_resource_quantity(value: int | str) -> int | str:
 ResourceQuantity = Annotated[
     int | str,
     AfterValidator(_check_resource_quantity),
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": RESOURCE_QUANTITY_PATTERN,
-                    "maxLength": MAX_QUANTITY_LENGTH,
-                    **cel_rules(Rule(f"string(self).matches({cel_literal(RESOURCE_QUANTITY_PATTERN)}) && "
-                                     f"isQuantity(string(self))", _NEGATIVE_RESOURCE))}),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "pattern": RESOURCE_QUANTITY_PATTERN,
+            "maxLength": MAX_QUANTITY_LENGTH,
+            **cel_rules(
+                Rule(
+                    f"string(self).matches({cel_literal(RESOURCE_QUANTITY_PATTERN)}) && isQuantity(string(self))",
+                    _NEGATIVE_RESOURCE,
+                )
+            ),
+        }
+    ),
 ]
 #: Most resource names in `engine.resources.requests` / `limits` (bounds the CEL rules' cost).
 MAX_RESOURCE_NAMES = 32

@@ -105,9 +105,7 @@ class NVMeoFStorage(KubeModel):
     @model_validator(mode="after")
     def _check(self) -> NVMeoFStorage:
         if self.auth is not None and self.host_nqn is None:
-            raise FieldProblem(
-                "hostNQN", "hostNQN is required when auth is set: DH-HMAC-CHAP authenticates a host NQN"
-            )
+            raise FieldProblem("hostNQN", "hostNQN is required when auth is set: DH-HMAC-CHAP authenticates a host NQN")
         seen: set[str] = set()
         for index, namespace in enumerate(self.namespaces):
             key = namespace.uuid.lower()

@@ -36,8 +36,16 @@ class FieldError:
         "Too long": "FieldValueTooLong",
     }
 
-    def __init__(self, field: str, kind: str, detail: str = "", value: Any = None, show_value: bool = True,
-                 *, type_invalid: bool = False):
+    def __init__(
+        self,
+        field: str,
+        kind: str,
+        detail: str = "",
+        value: Any = None,
+        show_value: bool = True,
+        *,
+        type_invalid: bool = False,
+    ):
         self.field = field
         self.type_invalid = type_invalid
         """A value of the wrong type (`field.ErrorTypeTypeInvalid`): CEL rules are not evaluated then."""
@@ -68,8 +76,14 @@ _GO_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 def _go_quote(text: str) -> str:
     """A string as Go's `%q` writes it: control characters escaped, printable Unicode kept."""
-    return '"' + "".join(_GO_ESCAPES.get(c, c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100
-                                         else f"\\u{ord(c):04x}") for c in text) + '"'
+    return (
+        '"'
+        + "".join(
+            _GO_ESCAPES.get(c, c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+            for c in text
+        )
+        + '"'
+    )
 
 
 def render_value(value: Any) -> str:
@@ -87,16 +101,19 @@ def render_value(value: Any) -> str:
     return str(value)
 
 
-
 #: RFC 1123 names as apimachinery checks them (`IsDNS1123Subdomain`, `IsDNS1123Label`).
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_SUBDOMAIN_MESSAGE = ("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
-                      "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
-                      "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
-_LABEL_MESSAGE = ("a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
-                  "start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for "
-                  "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+_SUBDOMAIN_MESSAGE = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or "
+    "'.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used "
+    "for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+_LABEL_MESSAGE = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must "
+    "start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for "
+    "validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+)
 
 
 def name_errors(name: Any, field: str = "metadata.name", *, label: bool = False) -> list[FieldError]:
@@ -140,8 +157,7 @@ def _format(name: str) -> Callable[[Callable[[Any], bool]], Callable[[Any], bool
     return register
 
 
-_DATE_TIME = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+_DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 _DATE = re.compile(r"^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$")
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
 _DURATION = re.compile(r"^-?(\d+(\.\d+)?(ns|us|µs|ms|s|m|h|d|w))+$")
@@ -269,19 +285,36 @@ def validate_value(schema: dict[str, Any], value: Any, path: str, errors: list[F
     if value is None:
         if not schema.get("nullable", False):
             expected = schema.get("type") or "object"
-            errors.append(FieldError(path, "Invalid value", f'{path} in body must be of type {expected}: "null"', "null",
-                                     type_invalid=True))
+            errors.append(
+                FieldError(
+                    path,
+                    "Invalid value",
+                    f'{path} in body must be of type {expected}: "null"',
+                    "null",
+                    type_invalid=True,
+                )
+            )
         return
     expected = schema.get("type")
     if schema.get("x-kubernetes-int-or-string"):
         if not isinstance(value, (int, str)) or isinstance(value, bool):
-            errors.append(FieldError(path, "Invalid value", f'{path} in body must be of type integer,string: '
-                                     f'"{_type_name(value)}"', _type_name(value), type_invalid=True))
+            errors.append(
+                FieldError(
+                    path,
+                    "Invalid value",
+                    f'{path} in body must be of type integer,string: "{_type_name(value)}"',
+                    _type_name(value),
+                    type_invalid=True,
+                )
+            )
             return
     elif expected and not _type_ok(expected, value):
         got = _type_name(value)
-        errors.append(FieldError(path, "Invalid value", f'{path} in body must be of type {expected}: "{got}"', got,
-                                 type_invalid=True))
+        errors.append(
+            FieldError(
+                path, "Invalid value", f'{path} in body must be of type {expected}: "{got}"', got, type_invalid=True
+            )
+        )
         return
 
     for sub in schema.get("allOf") or []:
@@ -323,10 +356,17 @@ def _combinators(schema: dict[str, Any], value: Any, path: str, errors: list[Fie
 def _validate_string(schema: dict[str, Any], value: str, path: str, errors: list[FieldError]) -> None:
     fmt = schema.get("format")
     if fmt in _FORMATS and fmt not in ("int32", "int64") and not _FORMATS[fmt](value):
-        errors.append(FieldError(path, "Invalid value", f'{path} in body must be of type {fmt}: "{value}"', value,
-                                 type_invalid=True))
+        errors.append(
+            FieldError(
+                path, "Invalid value", f'{path} in body must be of type {fmt}: "{value}"', value, type_invalid=True
+            )
+        )
     if "minLength" in schema and len(value) < schema["minLength"]:
-        errors.append(FieldError(path, "Invalid value", f"{path} in body should be at least {schema['minLength']} chars long", value))
+        errors.append(
+            FieldError(
+                path, "Invalid value", f"{path} in body should be at least {schema['minLength']} chars long", value
+            )
+        )
     if "maxLength" in schema and len(value) > schema["maxLength"]:
         errors.append(FieldError(path, "Too long", f"may not be more than {schema['maxLength']} bytes", value))
     if "pattern" in schema and not re.search(schema["pattern"], value):
@@ -336,20 +376,27 @@ def _validate_string(schema: dict[str, Any], value: str, path: str, errors: list
 def _validate_number(schema: dict[str, Any], value: float, path: str, errors: list[FieldError]) -> None:
     fmt = schema.get("format")
     if fmt in ("int32", "int64") and not _FORMATS[fmt](value):
-        errors.append(FieldError(path, "Invalid value", f"{path} in body must be of type {fmt}: \"{value}\"", value,
-                                 type_invalid=True))
+        errors.append(
+            FieldError(
+                path, "Invalid value", f'{path} in body must be of type {fmt}: "{value}"', value, type_invalid=True
+            )
+        )
     if "maximum" in schema:
         limit = schema["maximum"]
         if schema.get("exclusiveMaximum") is True and value >= limit:
             errors.append(FieldError(path, "Invalid value", f"{path} in body should be less than {limit}", value))
         elif value > limit:
-            errors.append(FieldError(path, "Invalid value", f"{path} in body should be less than or equal to {limit}", value))
+            errors.append(
+                FieldError(path, "Invalid value", f"{path} in body should be less than or equal to {limit}", value)
+            )
     if "minimum" in schema:
         limit = schema["minimum"]
         if schema.get("exclusiveMinimum") is True and value <= limit:
             errors.append(FieldError(path, "Invalid value", f"{path} in body should be greater than {limit}", value))
         elif value < limit:
-            errors.append(FieldError(path, "Invalid value", f"{path} in body should be greater than or equal to {limit}", value))
+            errors.append(
+                FieldError(path, "Invalid value", f"{path} in body should be greater than or equal to {limit}", value)
+            )
     step = schema.get("multipleOf")
     if step and (value / step) != int(value / step):
         errors.append(FieldError(path, "Invalid value", f"{path} in body should be a multiple of {step}", value))
@@ -357,7 +404,11 @@ def _validate_number(schema: dict[str, Any], value: float, path: str, errors: li
 
 def _validate_list(schema: dict[str, Any], value: list[Any], path: str, errors: list[FieldError]) -> None:
     if "minItems" in schema and len(value) < schema["minItems"]:
-        errors.append(FieldError(path, "Invalid value", f"{path} in body should have at least {schema['minItems']} items", len(value)))
+        errors.append(
+            FieldError(
+                path, "Invalid value", f"{path} in body should have at least {schema['minItems']} items", len(value)
+            )
+        )
     if "maxItems" in schema and len(value) > schema["maxItems"]:
         errors.append(FieldError(path, "Too many", f"must have at most {schema['maxItems']} items", len(value)))
     list_type = schema.get("x-kubernetes-list-type")
@@ -387,7 +438,14 @@ def _validate_map(schema: dict[str, Any], value: dict[str, Any], path: str, erro
         if name not in value:
             errors.append(FieldError(_child(path, name), "Required value"))
     if "minProperties" in schema and len(value) < schema["minProperties"]:
-        errors.append(FieldError(path, "Invalid value", f"{path} in body should have at least {schema['minProperties']} properties", len(value)))
+        errors.append(
+            FieldError(
+                path,
+                "Invalid value",
+                f"{path} in body should have at least {schema['minProperties']} properties",
+                len(value),
+            )
+        )
     if "maxProperties" in schema and len(value) > schema["maxProperties"]:
         errors.append(FieldError(path, "Too many", f"must have at most {schema['maxProperties']} items", len(value)))
     properties = schema.get("properties") or {}
@@ -426,7 +484,10 @@ def cel_errors(schema: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] 
     """Failed `x-kubernetes-validations` rules, each blaming its field."""
     from kvtier.api.cel import validate_rules
 
-    return [FieldError(path, "Invalid value", message, _value_at(obj, path)) for path, message in validate_rules(schema, obj, old)]
+    return [
+        FieldError(path, "Invalid value", message, _value_at(obj, path))
+        for path, message in validate_rules(schema, obj, old)
+    ]
 
 
 def _has_rules(schema: Any) -> bool:
@@ -438,8 +499,13 @@ def _has_rules(schema: Any) -> bool:
 
 
 #: What the server adds when it skips the CEL rules because of earlier errors (`field.Invalid(nil, nil, ...)`).
-RULES_NOT_CHECKED = FieldError("<nil>", "Invalid value", "some validation rules were not checked because the object "
-                               "was invalid; correct the existing errors to complete validation", None)
+RULES_NOT_CHECKED = FieldError(
+    "<nil>",
+    "Invalid value",
+    "some validation rules were not checked because the object "
+    "was invalid; correct the existing errors to complete validation",
+    None,
+)
 
 
 #: Errors after which the server does not evaluate the CEL rules (the object lacks the shape they were
@@ -453,7 +519,9 @@ def blocks_rules(error: FieldError) -> bool:
 
 
 def process_custom(
-    schema: dict[str, Any] | None, obj: dict[str, Any], old: dict[str, Any] | None,
+    schema: dict[str, Any] | None,
+    obj: dict[str, Any],
+    old: dict[str, Any] | None,
     earlier: Sequence[FieldError] = (),
 ) -> tuple[dict[str, Any], list[FieldError], list[str]]:
     """Prune, default and validate a custom resource: (new object, errors, pruned field paths).

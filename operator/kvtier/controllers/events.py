@@ -55,8 +55,13 @@ async def post_event(kube: KubeClient, body: Any, kind: str, reason: str, messag
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {"generateName": f"{metadata['name']}.", "namespace": metadata.get("namespace") or "default"},
-        "involvedObject": {"apiVersion": body["apiVersion"], "kind": body["kind"], "name": metadata["name"],
-                           "namespace": metadata.get("namespace"), "uid": metadata.get("uid")},
+        "involvedObject": {
+            "apiVersion": body["apiVersion"],
+            "kind": body["kind"],
+            "name": metadata["name"],
+            "namespace": metadata.get("namespace"),
+            "uid": metadata.get("uid"),
+        },
         "type": kind,
         "reason": reason,
         "message": message[:1024],
@@ -73,8 +78,9 @@ async def post_event(kube: KubeClient, body: Any, kind: str, reason: str, messag
         pass  # an Event is a courtesy: never fail a reconcile over it
 
 
-async def post_transitions(kube: KubeClient, body: Any, before: list[dict[str, Any]],
-                           after: list[dict[str, Any]]) -> None:
+async def post_transitions(
+    kube: KubeClient, body: Any, before: list[dict[str, Any]], after: list[dict[str, Any]]
+) -> None:
     """An Event for every watched condition whose status or reason changed."""
     for condition in transitions(before, after):
         trouble = TROUBLE.get(condition["type"])

@@ -95,13 +95,19 @@ class Pass:
 
     async def write(self, kube: KubeClient) -> None:
         meta = self.body.metadata
-        await kube.patch(INFERENCEDEPLOYMENTS, meta.namespace, meta.name,
-                         {"status": {**self.status, "conditions": self.conditions}}, subresource="status")
+        await kube.patch(
+            INFERENCEDEPLOYMENTS,
+            meta.namespace,
+            meta.name,
+            {"status": {**self.status, "conditions": self.conditions}},
+            subresource="status",
+        )
         await post_transitions(kube, self.body, self.before, self.conditions)
 
 
-async def claim_storage(kube: KubeClient, deployment: InferenceDeployment, body: kopf.Body, step: Pass
-                        ) -> tuple[KVPool, Admission]:
+async def claim_storage(
+    kube: KubeClient, deployment: InferenceDeployment, body: kopf.Body, step: Pass
+) -> tuple[KVPool, Admission]:
     """Admit the deployment into its pool's ledger (compare-and-swap on the pool's status)."""
     storage = deployment.spec.kv_cache.storage
     assert storage is not None
@@ -116,7 +122,9 @@ async def claim_storage(kube: KubeClient, deployment: InferenceDeployment, body:
         pool, _ = await update_pool_status(kube, storage.pool_ref, change)
     except PoolGone:
         step.condition("StorageBound", "False", "PoolNotFound", f"KVPool {storage.pool_ref} does not exist")
-        raise step.stop("PoolNotFound", f"KVPool {storage.pool_ref} does not exist (spec.kvCache.storage.poolRef)") from None
+        raise step.stop(
+            "PoolNotFound", f"KVPool {storage.pool_ref} does not exist (spec.kvCache.storage.poolRef)"
+        ) from None
     except InvalidSpec as error:
         step.condition("StorageBound", "False", "PoolInvalid", f"KVPool {storage.pool_ref}: {error}")
         raise step.stop("PoolInvalid", f"KVPool {storage.pool_ref} is invalid: {error}") from None
@@ -127,8 +135,11 @@ async def claim_storage(kube: KubeClient, deployment: InferenceDeployment, body:
 def _binding(pool: KVPool, decision: Admission, size: int | None) -> StorageBinding:
     assert decision.allocation is not None
     inventory = {ns.uuid: ns for ns in (pool.spec.storage.nvmeof.namespaces if pool.spec.storage.nvmeof else [])}
-    return StorageBinding(quota=decision.allocation.quota,
-                          namespaces=tuple(inventory[uuid] for uuid in decision.allocation.volumes), volume_size=size)
+    return StorageBinding(
+        quota=decision.allocation.quota,
+        namespaces=tuple(inventory[uuid] for uuid in decision.allocation.volumes),
+        volume_size=size,
+    )
 
 
 async def apply_children(kube: KubeClient, children: list[dict[str, Any]]) -> None:
@@ -137,8 +148,9 @@ async def apply_children(kube: KubeClient, children: list[dict[str, Any]]) -> No
         await kube.apply(CHILD_RESOURCES[child["kind"]], child, field_manager=FIELD_MANAGER)
 
 
-async def prune_children(kube: KubeClient, deployment: InferenceDeployment, children: Iterable[dict[str, Any]],
-                         kinds: Iterable[str]) -> None:
+async def prune_children(
+    kube: KubeClient, deployment: InferenceDeployment, children: Iterable[dict[str, Any]], kinds: Iterable[str]
+) -> None:
     """Delete children of this deployment that the current spec no longer renders."""
     wanted = {(c["kind"], c["metadata"]["name"]) for c in children}
     name, namespace = deployment.metadata.name, deployment.metadata.namespace
@@ -147,8 +159,9 @@ async def prune_children(kube: KubeClient, deployment: InferenceDeployment, chil
         if resource.namespaced:
             found = await kube.list(resource, namespace, label_selector=f"{DEPLOYMENT_LABEL}={name}")
         else:
-            found = await kube.list(resource, label_selector=f"{DEPLOYMENT_LABEL}={name},"
-                                                             f"{DEPLOYMENT_NAMESPACE_LABEL}={namespace}")
+            found = await kube.list(
+                resource, label_selector=f"{DEPLOYMENT_LABEL}={name},{DEPLOYMENT_NAMESPACE_LABEL}={namespace}"
+            )
         for item in found.get("items", []):
             if (kind, item["metadata"]["name"]) in wanted:
                 continue
@@ -218,20 +231,29 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             claims = await kube.list(PERSISTENT_VOLUME_CLAIMS, namespace, label_selector=f"{DEPLOYMENT_LABEL}={name}")
             for claim in claims.get("items", []):
                 await kube.delete(PERSISTENT_VOLUME_CLAIMS, namespace, claim["metadata"]["name"])
-            volumes = await kube.list(PERSISTENT_VOLUMES, label_selector=f"{DEPLOYMENT_LABEL}={name},"
-                                                                          f"{DEPLOYMENT_NAMESPACE_LABEL}={namespace}")
+            volumes = await kube.list(
+                PERSISTENT_VOLUMES, label_selector=f"{DEPLOYMENT_LABEL}={name},{DEPLOYMENT_NAMESPACE_LABEL}={namespace}"
+            )
             for volume in volumes.get("items", []):
                 await release_volume(kube, volume)
             pool_ref = (((body.get("spec") or {}).get("kvCache") or {}).get("storage") or {}).get("poolRef")
             if pool_ref:
                 try:
-                    await update_pool_status(kube, pool_ref, lambda pool, status: release(pool, status, body.metadata.uid))
+                    await update_pool_status(
+                        kube, pool_ref, lambda pool, status: release(pool, status, body.metadata.uid)
+                    )
                 except (PoolGone, InvalidSpec):
                     pass
 
 
-async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: OperatorConfig, body: kopf.Body,
-                     nodes: list[NodeResources], step: Pass) -> None:
+async def _reconcile(
+    kube: KubeClient,
+    http: aiohttp.ClientSession,
+    config: OperatorConfig,
+    body: kopf.Body,
+    nodes: list[NodeResources],
+    step: Pass,
+) -> None:
     deployment = parse(InferenceDeployment, body)
     name, namespace = body.metadata.name, body.metadata.namespace
     step.status["selector"] = selector(deployment)
@@ -257,10 +279,15 @@ async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: Oper
             reason = decision.reason if decision.reason != "Bound" else "InsufficientCapacity"
             step.condition("StorageBound", "False", reason, decision.message)
             if allocation.replicas < deployment.spec.replicas:
-                held_back = (reason, f"{allocation.replicas}/{deployment.spec.replicas} replicas admitted to KVPool "
-                                     f"{storage.pool_ref}: {decision.message}")
+                held_back = (
+                    reason,
+                    f"{allocation.replicas}/{deployment.spec.replicas} replicas admitted to KVPool "
+                    f"{storage.pool_ref}: {decision.message}",
+                )
         binding = _binding(pool, decision, volume_size(claims, statefulset))
-        rendered = deployment.model_copy(update={"spec": deployment.spec.model_copy(update={"replicas": allocation.replicas})})
+        rendered = deployment.model_copy(
+            update={"spec": deployment.spec.model_copy(update={"replicas": allocation.replicas})}
+        )
         quota = kv_volume(rendered, pool, binding).quota  # capped by the volumes
         step.status["kv"] = {"storage": {"quota": format_quantity(quota)}}
     reasons = check_fit(deployment, nodes, config.render, pool) if nodes else ["no nodes are known yet"]
@@ -277,10 +304,13 @@ async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: Oper
             raise step.stop("StatefulSetImmutable", problem)
     for child in children:
         if child["kind"] == "PersistentVolume" and await _being_reclaimed(kube, child["metadata"]["name"]):
-            raise step.stop("VolumeReclaiming", f"PersistentVolume {child['metadata']['name']} of an earlier replica "
-                                                f"is still being reclaimed (spec.volumeReclaim of KVPool "
-                                                f"{storage.pool_ref if storage else ''}); the replica waits for it",
-                            degraded=False)
+            raise step.stop(
+                "VolumeReclaiming",
+                f"PersistentVolume {child['metadata']['name']} of an earlier replica "
+                f"is still being reclaimed (spec.volumeReclaim of KVPool "
+                f"{storage.pool_ref if storage else ''}); the replica waits for it",
+                degraded=False,
+            )
     await apply_children(kube, children)
     kinds = [kind for kind in CHILD_RESOURCES if kind != "PodMonitor" or config.render.pod_monitor]
     await prune_children(kube, deployment, children, kinds)
@@ -291,7 +321,9 @@ async def _reconcile(kube: KubeClient, http: aiohttp.ClientSession, config: Oper
         if failed:
             step.condition("Degraded", "True", "QuotaNotApplied", "; ".join(failed))
             raise step.stop("QuotaNotApplied", "; ".join(failed))
-    expansion = await expand_claims(kube, deployment, pool, claims) if pool is not None and storage is not None else None
+    expansion = (
+        await expand_claims(kube, deployment, pool, claims) if pool is not None and storage is not None else None
+    )
     await _workload_status(kube, deployment, name, namespace, step, config.start_grace_seconds)
     if held_back is not None:  # Ready says why the missing replicas do not run, not only that they do not
         step.condition("Ready", "False", *held_back)
@@ -305,8 +337,9 @@ async def _being_reclaimed(kube: KubeClient, name: str) -> bool:
     return bool(volume and (volume["metadata"].get("labels") or {}).get(RELEASED_LABEL))
 
 
-async def _workload_status(kube: KubeClient, deployment: InferenceDeployment, name: str, namespace: str,
-                           step: Pass, grace_seconds: float) -> None:
+async def _workload_status(
+    kube: KubeClient, deployment: InferenceDeployment, name: str, namespace: str, step: Pass, grace_seconds: float
+) -> None:
     statefulset = await kube.get_or_none(STATEFULSETS, namespace, name) or {}
     observed = statefulset.get("status") or {}
     desired = deployment.spec.replicas
@@ -315,17 +348,21 @@ async def _workload_status(kube: KubeClient, deployment: InferenceDeployment, na
     step.status.update(replicas=replicas, readyReplicas=ready)
     stale = observed.get("observedGeneration", 0) < statefulset.get("metadata", {}).get("generation", 0)
     if stale or updated < replicas or replicas != desired:
-        step.condition("Progressing", "True", "RollingOut",
-                       f"{updated}/{desired} replicas updated, {replicas} running")
+        step.condition("Progressing", "True", "RollingOut", f"{updated}/{desired} replicas updated, {replicas} running")
     else:
         step.condition("Progressing", "False", "Stable", f"{desired} replicas on the current spec")
     step.condition("Degraded", "False", "AsExpected")
     if ready >= desired and not stale:
-        step.condition("Ready", "True", "AllReplicasReady" if desired else "ScaledToZero", f"{ready}/{desired} replicas ready")
+        step.condition(
+            "Ready", "True", "AllReplicasReady" if desired else "ScaledToZero", f"{ready}/{desired} replicas ready"
+        )
     else:
         pods = await kube.list(PODS, namespace, label_selector=selector(deployment))
-        step.condition("Ready", "False", *not_ready(pods.get("items", []), ready, desired,
-                                                    _false_for(step.before, "Ready"), grace_seconds))
+        step.condition(
+            "Ready",
+            "False",
+            *not_ready(pods.get("items", []), ready, desired, _false_for(step.before, "Ready"), grace_seconds),
+        )
 
 
 def _false_for(conditions: list[dict[str, Any]], kind: str) -> float:

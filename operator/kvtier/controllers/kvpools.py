@@ -84,8 +84,13 @@ def _claims(deployments: Iterable[Any]) -> dict[str, Claim | None]:
     return claims
 
 
-def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None,
-                    reclaim_problems: Sequence[str] = (), reclaim_reason: str = "WipeFailed") -> list[dict[str, Any]]:
+def pool_conditions(
+    pool: KVPool,
+    status: KVPoolStatus,
+    generation: int | None,
+    reclaim_problems: Sequence[str] = (),
+    reclaim_reason: str = "WipeFailed",
+) -> list[dict[str, Any]]:
     """Ready, OverCommitted and Degraded, from the spec, the ledger and the reclaim pass' problems."""
     conditions = [c.to_wire() for c in status.conditions]
     used = allocated(status)
@@ -97,21 +102,34 @@ def pool_conditions(pool: KVPool, status: KVPoolStatus, generation: int | None,
             problems.append(f"driver {backend.spec.driver} ignores: {'; '.join(ignored)}")
         inventory = sum(ns.size for ns in backend.spec.namespaces)
         if inventory < pool.spec.capacity:
-            problems.append(f"capacity {format_quantity(pool.spec.capacity)} exceeds the namespaces' "
-                            f"{format_quantity(inventory)}")
+            problems.append(
+                f"capacity {format_quantity(pool.spec.capacity)} exceeds the namespaces' {format_quantity(inventory)}"
+            )
     if used > pool.spec.capacity:
-        conditions = set_condition(conditions, "OverCommitted", "True", "CapacityReduced",
-                                   f"allocated {format_quantity(used)} exceeds capacity "
-                                   f"{format_quantity(pool.spec.capacity)}; no new admissions until it fits",
-                                   generation)
+        conditions = set_condition(
+            conditions,
+            "OverCommitted",
+            "True",
+            "CapacityReduced",
+            f"allocated {format_quantity(used)} exceeds capacity "
+            f"{format_quantity(pool.spec.capacity)}; no new admissions until it fits",
+            generation,
+        )
     else:
-        conditions = set_condition(conditions, "OverCommitted", "False", "WithinCapacity",
-                                   f"{format_quantity(used)} of {format_quantity(pool.spec.capacity)} allocated",
-                                   generation)
+        conditions = set_condition(
+            conditions,
+            "OverCommitted",
+            "False",
+            "WithinCapacity",
+            f"{format_quantity(used)} of {format_quantity(pool.spec.capacity)} allocated",
+            generation,
+        )
     if reclaim_problems:
         conditions = set_condition(conditions, "Degraded", "True", reclaim_reason, "; ".join(problems), generation)
     elif problems:
-        conditions = set_condition(conditions, "Degraded", "True", "StorageLimitations", "; ".join(problems), generation)
+        conditions = set_condition(
+            conditions, "Degraded", "True", "StorageLimitations", "; ".join(problems), generation
+        )
     else:
         conditions = set_condition(conditions, "Degraded", "False", "AsExpected", "", generation)
     return set_condition(conditions, "Ready", "True", "Available", holdings(pool, status), generation)
@@ -131,8 +149,15 @@ def holdings(pool: KVPool, status: KVPoolStatus) -> str:
         parts.append(f"{counted(len(status.waiting), 'deployment')} {verb} for capacity")
     if status.reclaiming:
         one = len(status.reclaiming) == 1
-        state = "being wiped" if pool.spec.volume_reclaim == "Wipe" else (
-            "retained until its PersistentVolume is deleted" if one else "retained until their PersistentVolumes are deleted")
+        state = (
+            "being wiped"
+            if pool.spec.volume_reclaim == "Wipe"
+            else (
+                "retained until its PersistentVolume is deleted"
+                if one
+                else "retained until their PersistentVolumes are deleted"
+            )
+        )
         parts.append(f"{counted(len(status.reclaiming), 'released NVMe-oF namespace')} {state}")
     return "; ".join(parts)
 
@@ -146,19 +171,32 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         if not pool:
             return None
         metadata = {key: value for key, value in body.metadata.items() if key != "managedFields"}
-        return {pool: {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": metadata,
-                       "spec": dict(body.spec)}}
+        return {
+            pool: {
+                "apiVersion": body["apiVersion"],
+                "kind": body["kind"],
+                "metadata": metadata,
+                "spec": dict(body.spec),
+            }
+        }
 
     async def reconcile(body: kopf.Body, memo: kopf.Memo, pool_deployments: kopf.Index, **_: Any) -> None:
         generation = body.metadata.get("generation")
         try:
             pool = parse(KVPool, body)
         except InvalidSpec as error:
-            conditions = set_condition(list(body.get("status", {}).get("conditions", [])), "Ready", "False",
-                                       "InvalidSpec", str(error), generation)
+            conditions = set_condition(
+                list(body.get("status", {}).get("conditions", [])),
+                "Ready",
+                "False",
+                "InvalidSpec",
+                str(error),
+                generation,
+            )
             with api_errors():
-                await memo.kube.patch(KVPOOLS, None, body.metadata.name,
-                                      {"status": {"conditions": conditions}}, subresource="status")
+                await memo.kube.patch(
+                    KVPOOLS, None, body.metadata.name, {"status": {"conditions": conditions}}, subresource="status"
+                )
             await post_transitions(memo.kube, body, list(body.get("status", {}).get("conditions", [])), conditions)
             raise
 
@@ -184,8 +222,13 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                 return
         await post_transitions(memo.kube, body, before, [c.to_wire() for c in status.conditions])
         if repairs:
-            await post_event(memo.kube, body, "Warning", "LedgerRepaired",
-                             f"the ledger did not match the deployments using the pool; repaired: {'; '.join(repairs)}")
+            await post_event(
+                memo.kube,
+                body,
+                "Warning",
+                "LedgerRepaired",
+                f"the ledger did not match the deployments using the pool; repaired: {'; '.join(repairs)}",
+            )
         metrics = getattr(memo, "metrics", None)
         if metrics is not None:
             metrics.pool_capacity.labels(pool=body.metadata.name).set(pool.spec.capacity)
@@ -204,37 +247,59 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         with api_errors():
             reclaim = await reclaim_volumes(memo.kube, pool, config.namespace, config.render.wipe_image)
             try:
-                _, status = await update_pool_status(memo.kube, body.metadata.name,
-                                                     lambda pool, status: reclaimed(pool, status, reclaim.freed))
+                _, status = await update_pool_status(
+                    memo.kube, body.metadata.name, lambda pool, status: reclaimed(pool, status, reclaim.freed)
+                )
             except PoolGone:
                 return
-        users = [f"{a.namespace}/{a.name}" for a in status.allocations] + [f"{w.namespace}/{w.name}" for w in status.waiting]
+        users = [f"{a.namespace}/{a.name}" for a in status.allocations] + [
+            f"{w.namespace}/{w.name}" for w in status.waiting
+        ]
         if users:
             reason = "InUse"
-            message = (f"deletion waits for {counted(len(users), 'InferenceDeployment')} using the pool: "
-                       f"{', '.join(users[:5])}{' ...' if len(users) > 5 else ''}")
+            message = (
+                f"deletion waits for {counted(len(users), 'InferenceDeployment')} using the pool: "
+                f"{', '.join(users[:5])}{' ...' if len(users) > 5 else ''}"
+            )
         elif status.reclaiming and not reclaim.unwiped:
             reason = "Reclaiming"
-            message = "; ".join([f"deletion waits for {counted(len(status.reclaiming), 'released NVMe-oF namespace')} to be "
-                                 f"reclaimed (spec.volumeReclaim; Retain keeps them until their PersistentVolumes "
-                                 f"are deleted)", *reclaim.problems])
+            message = "; ".join(
+                [
+                    f"deletion waits for {counted(len(status.reclaiming), 'released NVMe-oF namespace')} to be "
+                    f"reclaimed (spec.volumeReclaim; Retain keeps them until their PersistentVolumes "
+                    f"are deleted)",
+                    *reclaim.problems,
+                ]
+            )
         else:
             # Nothing uses the pool. Volumes no wipe can start for stay Released, labelled with the pool: a pool
             # of the same name wipes them before it binds them again, as `Retain` would keep them.
             if reclaim.unwiped:
-                await post_event(memo.kube, body, "Warning", reclaim.reason,
-                                 f"KVPool {body.metadata.name} deleted without wiping {counted(len(reclaim.unwiped), 'released volume')} "
-                                 f"({', '.join(reclaim.unwiped[:5])}): {'; '.join(reclaim.problems)}; they "
-                                 f"stay Released until deleted, or wiped by a new pool of the same name")
+                await post_event(
+                    memo.kube,
+                    body,
+                    "Warning",
+                    reclaim.reason,
+                    f"KVPool {body.metadata.name} deleted without wiping {counted(len(reclaim.unwiped), 'released volume')} "
+                    f"({', '.join(reclaim.unwiped[:5])}): {'; '.join(reclaim.problems)}; they "
+                    f"stay Released until deleted, or wiped by a new pool of the same name",
+                )
             metrics = getattr(memo, "metrics", None)
             for family in (metrics.pool_capacity, metrics.pool_allocated) if metrics is not None else ():
                 with contextlib.suppress(KeyError):
                     family.remove(body.metadata.name)
             return
-        conditions = set_condition(list(body.get("status", {}).get("conditions", [])), "Ready", "False",
-                                   "Terminating", message, body.metadata.get("generation"))
+        conditions = set_condition(
+            list(body.get("status", {}).get("conditions", [])),
+            "Ready",
+            "False",
+            "Terminating",
+            message,
+            body.metadata.get("generation"),
+        )
         conditions = set_condition(conditions, "Terminating", "True", reason, message, body.metadata.get("generation"))
         with api_errors():
-            await memo.kube.patch(KVPOOLS, None, body.metadata.name, {"status": {"conditions": conditions}},
-                                  subresource="status")
+            await memo.kube.patch(
+                KVPOOLS, None, body.metadata.name, {"status": {"conditions": conditions}}, subresource="status"
+            )
         raise kopf.TemporaryError(message, delay=config.resync_seconds)

@@ -63,9 +63,17 @@ class PoolMemory:
     exported: set[tuple[str, str]] = field(default_factory=set)
 
 
-async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: OperatorConfig, book: DemandBook,
-                         metrics: OperatorMetrics, name: str, deployments: Iterable[Mapping[str, Any]],
-                         memory: PoolMemory, now: float) -> Decision | None:
+async def rebalance_pool(
+    kube: KubeClient,
+    http: aiohttp.ClientSession,
+    config: OperatorConfig,
+    book: DemandBook,
+    metrics: OperatorMetrics,
+    name: str,
+    deployments: Iterable[Mapping[str, Any]],
+    memory: PoolMemory,
+    now: float,
+) -> Decision | None:
     """One round for KVPool `name`, whose `deployments` (from the watch-fed index) name it: the round's
     decision (whether applied or not), None when there is nothing to divide."""
     body = await kube.get_or_none(KVPOOLS, None, name)
@@ -101,27 +109,38 @@ async def rebalance_pool(kube: KubeClient, http: aiohttp.ClientSession, config: 
     metrics.rebalance_predicted_gain.labels(pool=name).set(record.predicted_gain)
     for label, member in plan.members.items():
         metrics.rebalance_quota.labels(pool=name, namespace=member.key[0], deployment=member.key[1]).set(
-            plan.quotas[label])
+            plan.quotas[label]
+        )
     for gone in memory.exported - {m.key for m in in_round}:  # left the pool: no frozen last value
         metrics.rebalance_quota.remove(name, *gone)
     memory.exported = {m.key for m in in_round}
     failures = await _actuate(kube, http, config, plan)
     if failures:
         metrics.actuation_errors.labels(pool=name).inc(len(failures))
-        await post_event(kube, body, "Warning", "QuotaNotApplied",
-                         "ledger updated, engines not all at their new quota yet (the next resync retries): "
-                         + "; ".join(failures))
+        await post_event(
+            kube,
+            body,
+            "Warning",
+            "QuotaNotApplied",
+            "ledger updated, engines not all at their new quota yet (the next resync retries): " + "; ".join(failures),
+        )
     await post_event(kube, body, "Normal", "Rebalanced", summary(record))
     for move in record.moves:
         member = plan.members[f"{move.namespace}/{move.name}"]
-        await post_event(kube, member.body, "Normal", "StorageQuotaChanged",
-                         f"KVPool {name} moved this deployment's storage quota from {format_quantity(move.from_quota)} "
-                         f"to {format_quantity(move.to_quota)} per replica: {record.reason}")
+        await post_event(
+            kube,
+            member.body,
+            "Normal",
+            "StorageQuotaChanged",
+            f"KVPool {name} moved this deployment's storage quota from {format_quantity(move.from_quota)} "
+            f"to {format_quantity(move.to_quota)} per replica: {record.reason}",
+        )
     return decision
 
 
-async def _write_ledger(kube: KubeClient, name: str, members: list[Member], quotas: Mapping[str, int],
-                        record: RebalanceRecord) -> str | None:
+async def _write_ledger(
+    kube: KubeClient, name: str, members: list[Member], quotas: Mapping[str, int], record: RebalanceRecord
+) -> str | None:
     """The new quotas and the record, only if the ledger still holds what the round decided on;
     None when written, else why not."""
     expected = {m.uid: (m.replicas, m.quota, m.label) for m in members}
@@ -133,12 +152,16 @@ async def _write_ledger(kube: KubeClient, name: str, members: list[Member], quot
         if seen != {uid: value[:2] for uid, value in expected.items()}:
             refused = "the ledger changed during the round (an admission, a scale or a release)"
             return status
-        allocations = [a.model_copy(update={"quota": quotas[expected[a.uid][2]]}) if a.uid in expected else a
-                       for a in status.allocations]
+        allocations = [
+            a.model_copy(update={"quota": quotas[expected[a.uid][2]]}) if a.uid in expected else a
+            for a in status.allocations
+        ]
         new = summarise(pool, status.model_copy(update={"allocations": allocations, "last_rebalance": record}))
         if allocated(new) > pool.spec.capacity:  # never hand out more than the pool holds
-            refused = (f"the new quotas add up to {format_quantity(allocated(new))}, more than the capacity "
-                       f"{format_quantity(pool.spec.capacity)}")
+            refused = (
+                f"the new quotas add up to {format_quantity(allocated(new))}, more than the capacity "
+                f"{format_quantity(pool.spec.capacity)}"
+            )
             return status
         refused = None
         return new
@@ -169,14 +192,22 @@ async def _actuate(kube: KubeClient, http: aiohttp.ClientSession, config: Operat
             failures.append(f"{change.name}: grow deferred until the shrinks apply")
             continue
         pods = await kube.list(PODS, member.key[0], label_selector=selector(member.deployment))
-        results = await apply_quotas(kube, http, pods.get("items", []), min(quota, member.cap),
-                                     config.render.lmcache_http_port)
+        results = await apply_quotas(
+            kube, http, pods.get("items", []), min(quota, member.cap), config.render.lmcache_http_port
+        )
         failures += [f"{r.pod}: {r.detail}" for r in results if not r.applied and r.detail != "not running yet"]
     return failures
 
 
-def _realised_gain(book: DemandBook, metrics: OperatorMetrics, name: str, members: list[Member],
-                   memory: PoolMemory, now: float, interval: float) -> None:
+def _realised_gain(
+    book: DemandBook,
+    metrics: OperatorMetrics,
+    name: str,
+    members: list[Member],
+    memory: PoolMemory,
+    now: float,
+    interval: float,
+) -> None:
     """One interval after a move: the measured change of the pool's storage hit rate."""
     if memory.moved_at is None or memory.hit_rate_before is None or now - memory.moved_at < interval:
         return
@@ -197,8 +228,9 @@ def _interval(spec: Mapping[str, Any]) -> float:
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.daemon(*POOL, id="rebalance", registry=registry, cancellation_timeout=10)
-    async def rebalance(name: str, spec: kopf.Spec, memo: kopf.Memo, stopped: kopf.DaemonStopped,
-                        pool_deployments: kopf.Index, **_: Any) -> None:
+    async def rebalance(
+        name: str, spec: kopf.Spec, memo: kopf.Memo, stopped: kopf.DaemonStopped, pool_deployments: kopf.Index, **_: Any
+    ) -> None:
         """A round every `spec.rebalance.interval` (read anew each time) until the pool goes."""
         memory = PoolMemory()
         while not stopped:
@@ -209,8 +241,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             if stopped:
                 break
             try:
-                decision = await rebalance_pool(memo.kube, memo.http, config, memo.demand, memo.metrics, name,
-                                                list(pool_deployments.get(name, ())), memory, time.time())
+                decision = await rebalance_pool(
+                    memo.kube,
+                    memo.http,
+                    config,
+                    memo.demand,
+                    memo.metrics,
+                    name,
+                    list(pool_deployments.get(name, ())),
+                    memory,
+                    time.time(),
+                )
                 if decision is not None:
                     log.debug("KVPool %s: rebalance round %s: %s", name, decision.outcome, decision.reason)
             except (APIError, aiohttp.ClientError, TimeoutError, InvalidSpec) as error:

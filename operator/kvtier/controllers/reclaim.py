@@ -48,8 +48,9 @@ async def release_volume(kube: KubeClient, volume: dict[str, Any]) -> None:
 
 def _finished(job: dict[str, Any]) -> str | None:
     conditions = (job.get("status") or {}).get("conditions", [])
-    return next((c["type"] for c in conditions if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"),
-                None)
+    return next(
+        (c["type"] for c in conditions if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"), None
+    )
 
 
 async def _claim_in_use(kube: KubeClient, volume: dict[str, Any]) -> bool:
@@ -67,8 +68,9 @@ async def _wipe(kube: KubeClient, volume: dict[str, Any], namespace: str, image:
     if (ref.get("namespace"), ref.get("name")) != (namespace, name):
         if await _claim_in_use(kube, volume):
             return None  # its pod may still write: wait for the deployment's claim to go
-        await kube.patch(PERSISTENT_VOLUMES, None, volume["metadata"]["name"],
-                         {"spec": {"claimRef": claim_ref(volume, namespace)}})
+        await kube.patch(
+            PERSISTENT_VOLUMES, None, volume["metadata"]["name"], {"spec": {"claimRef": claim_ref(volume, namespace)}}
+        )
     if await kube.get_or_none(PERSISTENT_VOLUME_CLAIMS, namespace, name) is None:
         await _create(kube, PERSISTENT_VOLUME_CLAIMS, wipe_claim(volume, namespace))
     job = await kube.get_or_none(JOBS, namespace, name)
@@ -77,8 +79,10 @@ async def _wipe(kube: KubeClient, volume: dict[str, Any], namespace: str, image:
         return None
     outcome = _finished(job)
     if outcome == "Failed":
-        return (f"wiping PersistentVolume {volume['metadata']['name']} failed (Job {namespace}/{name}); its namespace "
-                f"stays out of use until a wipe succeeds (delete the Job to retry)")
+        return (
+            f"wiping PersistentVolume {volume['metadata']['name']} failed (Job {namespace}/{name}); its namespace "
+            f"stays out of use until a wipe succeeds (delete the Job to retry)"
+        )
     if outcome == "Complete":
         await kube.delete(JOBS, namespace, name)
         await kube.delete(PERSISTENT_VOLUME_CLAIMS, namespace, name)
@@ -100,15 +104,20 @@ async def reclaim_volumes(kube: KubeClient, pool: KVPool, namespace: str, image:
     found = await kube.list(PERSISTENT_VOLUMES, label_selector=f"{POOL_LABEL}={name}")
     volumes = {v["metadata"]["name"]: v for v in found.get("items", [])}
     result = Reclaim()
-    released = [v for v in volumes.values()
-                if (v["metadata"].get("labels") or {}).get(RELEASED_LABEL) and not v["metadata"].get("deletionTimestamp")]
+    released = [
+        v
+        for v in volumes.values()
+        if (v["metadata"].get("labels") or {}).get(RELEASED_LABEL) and not v["metadata"].get("deletionTimestamp")
+    ]
     if pool.spec.volume_reclaim == "Wipe" and released and await kube.get_or_none(NAMESPACES, None, namespace) is None:
         # Wipes run in the operator's namespace; without it they cannot start (and would fail with 404s forever).
         result.unwiped = sorted(v["metadata"]["name"] for v in released)
         result.reason = "OperatorNamespaceMissing"
-        result.problems.append(f"the operator's namespace {namespace} does not exist, so {len(released)} released "
-                               f"volume(s) cannot be wiped (wipe Jobs run there): create it (kubectl create namespace "
-                               f"{namespace}) or set spec.volumeReclaim: Retain")
+        result.problems.append(
+            f"the operator's namespace {namespace} does not exist, so {len(released)} released "
+            f"volume(s) cannot be wiped (wipe Jobs run there): create it (kubectl create namespace "
+            f"{namespace}) or set spec.volumeReclaim: Retain"
+        )
         released = []
     if pool.spec.volume_reclaim == "Wipe":
         for volume in released:

@@ -13,10 +13,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 #: Waiting reasons of a container that will not start without a change.
-FAILING_WAITING_REASONS = frozenset({
-    "CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError",
-    "CreateContainerError", "RunContainerError",
-})
+FAILING_WAITING_REASONS = frozenset(
+    {
+        "CrashLoopBackOff",
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
 
 
 def _ready(pod: Mapping[str, Any]) -> bool:
@@ -45,8 +52,11 @@ def pod_trouble(pod: Mapping[str, Any]) -> str | None:
     if status.get("phase") == "Failed":
         return f"failed: {status.get('reason') or 'its containers exited'}{_detail(status)}"
     for condition in status.get("conditions") or []:
-        if (condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable"
-                and not _waiting_for_claims(condition)):
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("reason") == "Unschedulable"
+            and not _waiting_for_claims(condition)
+        ):
             return f"cannot be scheduled{_detail(condition)}"
     for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         name = container.get("name", "?")
@@ -60,8 +70,10 @@ def pod_trouble(pod: Mapping[str, Any]) -> str | None:
         last = (container.get("lastState") or {}).get("terminated") or {}
         restarts = container.get("restartCount") or 0
         if restarts and last:
-            return (f"container {name} restarted {restarts} time{'s' if restarts != 1 else ''} "
-                    f"(last exit code {last.get('exitCode', '?')}{', ' + last['reason'] if last.get('reason') else ''})")
+            return (
+                f"container {name} restarted {restarts} time{'s' if restarts != 1 else ''} "
+                f"(last exit code {last.get('exitCode', '?')}{', ' + last['reason'] if last.get('reason') else ''})"
+            )
     return None
 
 
@@ -70,7 +82,11 @@ def _progress(pod: Mapping[str, Any]) -> str:
     `Running, not Ready yet`."""
     status = pod.get("status") or {}
     for condition in status.get("conditions") or []:
-        if condition.get("type") == "PodScheduled" and condition.get("status") == "False" and _waiting_for_claims(condition):
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and _waiting_for_claims(condition)
+        ):
             return "waiting for its volumes to bind"
     for container in status.get("containerStatuses") or []:
         reason = ((container.get("state") or {}).get("waiting") or {}).get("reason")
@@ -80,8 +96,9 @@ def _progress(pod: Mapping[str, Any]) -> str:
     return "Running, not Ready yet" if phase == "Running" else phase
 
 
-def not_ready(pods: Iterable[Mapping[str, Any]], ready: int, desired: int, not_ready_seconds: float,
-              grace_seconds: float) -> tuple[str, str]:
+def not_ready(
+    pods: Iterable[Mapping[str, Any]], ready: int, desired: int, not_ready_seconds: float, grace_seconds: float
+) -> tuple[str, str]:
     """The Ready=False condition's (reason, message) for `ready` of `desired` replicas.
 
     `not_ready_seconds`: how long Ready has been False already (0 when it was True until now).

@@ -158,7 +158,6 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         memo.kube = await KubeClient(connection, user_agent="kvtier-operator").open()
         memo.config = config
 
-
     @kopf.on.login(id="login", registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
         return connection_info(config.kubeconfig)

@@ -85,8 +85,9 @@ class _Deployment:
 class TelemetryLoop:
     """The loop's state and cycle; :meth:`observe` is fed InferenceDeployment events."""
 
-    def __init__(self, config: OperatorConfig, kube: KubeClient, metrics: OperatorMetrics,
-                 demand: DemandBook | None = None) -> None:
+    def __init__(
+        self, config: OperatorConfig, kube: KubeClient, metrics: OperatorMetrics, demand: DemandBook | None = None
+    ) -> None:
         self.config = config
         self.kube = kube
         self.metrics = metrics
@@ -109,8 +110,9 @@ class TelemetryLoop:
             return
         known = self.deployments.get(key)
         if known is None or known.body["metadata"].get("uid") != metadata.get("uid"):
-            required = REQUIRED.get(((body.get("spec") or {}).get("kvCache") or {}).get("mode") or "LMCacheMP",
-                                    REQUIRED_VLLM)
+            required = REQUIRED.get(
+                ((body.get("spec") or {}).get("kvCache") or {}).get("mode") or "LMCacheMP", REQUIRED_VLLM
+            )
             window = DeploymentWindow(self.config.telemetry_window_seconds, self.config.stale_seconds, required)
             self.deployments[key] = _Deployment(dict(body), window, Alerts(self.config.alerts))
         else:
@@ -121,10 +123,17 @@ class TelemetryLoop:
         timeout = min(self.config.scrape_timeout_seconds, self.config.scrape_interval_seconds)
         watch = asyncio.create_task(self.targets.run(self.kube), name="kvtier-telemetry-targets")
         try:
-            async with Scraper(metrics=self.metrics, concurrency=self.config.scrape_concurrency,
-                               timeout=timeout, keepalive=4 * self.config.scrape_interval_seconds) as scraper:
-                prometheus = (PrometheusClient(self.config.prometheus_url, scraper)
-                              if self.config.metrics_source == "prometheus" and self.config.prometheus_url else None)
+            async with Scraper(
+                metrics=self.metrics,
+                concurrency=self.config.scrape_concurrency,
+                timeout=timeout,
+                keepalive=4 * self.config.scrape_interval_seconds,
+            ) as scraper:
+                prometheus = (
+                    PrometheusClient(self.config.prometheus_url, scraper)
+                    if self.config.metrics_source == "prometheus" and self.config.prometheus_url
+                    else None
+                )
                 while True:
                     started = time.monotonic()
                     try:
@@ -159,8 +168,9 @@ class TelemetryLoop:
                     await post_event(self.kube, deployment.body, kind, reason, message)
             await self._write(key, deployment, summary, condition, started)
 
-    async def _scrape(self, scraper: Scraper, by_deployment: dict[DeploymentKey, list[Target]]
-                      ) -> dict[DeploymentKey, Summary]:
+    async def _scrape(
+        self, scraper: Scraper, by_deployment: dict[DeploymentKey, list[Target]]
+    ) -> dict[DeploymentKey, Summary]:
         known = [target for key, targets in by_deployment.items() if key in self.deployments for target in targets]
         scrapes = await scraper.scrape_all(known)
         per_pod: dict[tuple[DeploymentKey, str], dict[str, Scrape]] = {}
@@ -183,23 +193,32 @@ class TelemetryLoop:
             for key, targets in by_deployment.items():
                 self.demand.forget(key, [t.pod for t in targets])
         now = time.time()
-        return {key: self.deployments[key].window.summary(now, replicas=[t.pod for t in targets])
-                for key, targets in by_deployment.items() if key in self.deployments}
+        return {
+            key: self.deployments[key].window.summary(now, replicas=[t.pod for t in targets])
+            for key, targets in by_deployment.items()
+            if key in self.deployments
+        }
 
-    async def _query(self, scraper: Scraper, prometheus: PrometheusClient,
-                     by_deployment: dict[DeploymentKey, list[Target]]) -> dict[DeploymentKey, Summary]:
+    async def _query(
+        self, scraper: Scraper, prometheus: PrometheusClient, by_deployment: dict[DeploymentKey, list[Target]]
+    ) -> dict[DeploymentKey, Summary]:
         """Prometheus holds the engine series; the quota API (which Prometheus does not hold) and the
         probes (whose decaying histograms the rebalancer takes increments of, scrape by scrape) are
         read from the pods themselves."""
         window = self.config.telemetry_window_seconds
-        direct = [Target(t.namespace, t.deployment, t.pod, t.ip, tuple(p for p in t.ports if p[0] in ("quota", "probe")))
-                  for key, targets in by_deployment.items() if key in self.deployments for t in targets]
+        direct = [
+            Target(t.namespace, t.deployment, t.pod, t.ip, tuple(p for p in t.ports if p[0] in ("quota", "probe")))
+            for key, targets in by_deployment.items()
+            if key in self.deployments
+            for t in targets
+        ]
         quotas: dict[DeploymentKey, dict[str, Any]] = {}
         probes: dict[tuple[DeploymentKey, str], Scrape] = {}
         for scrape in await scraper.scrape_all(direct):
             if not scrape.ok:
                 self.deployments[scrape.target.key].failures.append(
-                    f"{scrape.target.pod}: {scrape.endpoint}: {scrape.error}: {scrape.detail}")
+                    f"{scrape.target.pod}: {scrape.endpoint}: {scrape.error}: {scrape.detail}"
+                )
             elif scrape.endpoint == "quota":
                 quotas.setdefault(scrape.target.key, {})[scrape.target.pod] = scrape.data
             else:
@@ -218,13 +237,23 @@ class TelemetryLoop:
             namespace, name = key
             selector = f'namespace="{namespace}",pod=~"{name.replace(".", "[.]")}-[0-9]+"'
             answers = await prometheus.query_all(promql.deployment_queries(selector, window))
-            failed = [f"query {query}: {answer.get('error')}" for query, answer in answers.items()
-                      if isinstance(answer, dict) and answer.get("status") == "error"]
+            failed = [
+                f"query {query}: {answer.get('error')}"
+                for query, answer in answers.items()
+                if isinstance(answer, dict) and answer.get("status") == "error"
+            ]
             deployment.failures.extend(failed)
             if failed:
-                return None  # no summary from part of the series: status.kv keeps its last numbers, the condition says why
-            return promql.summary_from_results(answers, window, required=deployment.window.required,
-                                               expected=[t.pod for t in targets], quotas=quotas.get(key))
+                return (
+                    None  # no summary from part of the series: status.kv keeps its last numbers, the condition says why
+                )
+            return promql.summary_from_results(
+                answers,
+                window,
+                required=deployment.window.required,
+                expected=[t.pod for t in targets],
+                quotas=quotas.get(key),
+            )
 
         # Every deployment's queries at once (the scraper's semaphore bounds what is in flight).
         keys = [key for key in by_deployment if key in self.deployments]
@@ -239,8 +268,10 @@ class TelemetryLoop:
         values = [
             (m.hbm_watermark.labels(**labels, stat="mean"), summary.hbm_watermark_mean),
             (m.hbm_watermark.labels(**labels, stat="max"), summary.hbm_watermark_max),
-            *((m.hit_ratio.labels(**labels, tier=tier), getattr(summary.hit_ratio, tier))
-              for tier in ("hbm", "cpu", "storage", "total")),
+            *(
+                (m.hit_ratio.labels(**labels, tier=tier), getattr(summary.hit_ratio, tier))
+                for tier in ("hbm", "cpu", "storage", "total")
+            ),
             (m.ttft.labels(**labels, quantile="0.5"), summary.ttft_p50_seconds),
             (m.ttft.labels(**labels, quantile="0.99"), summary.ttft_p99_seconds),
             (m.preemptions.labels(**labels), summary.preemptions_per_second),
@@ -251,8 +282,14 @@ class TelemetryLoop:
             if value is not None:
                 gauge.set(value)
 
-    async def _write(self, key: DeploymentKey, deployment: _Deployment, summary: Summary | None,
-                     condition: tuple[str, str, str], now: float) -> None:
+    async def _write(
+        self,
+        key: DeploymentKey,
+        deployment: _Deployment,
+        summary: Summary | None,
+        condition: tuple[str, str, str],
+        now: float,
+    ) -> None:
         if now - deployment.written_at < self.config.status_interval_seconds - 0.001:
             return
         body = deployment.body
@@ -263,8 +300,14 @@ class TelemetryLoop:
         if not (condition_moved or kv_moved):
             return
         metadata = body["metadata"]
-        status: dict[str, Any] = {"conditions": set_condition(conditions, CONDITION, *condition,  # type: ignore[arg-type]  # (status, reason, message) as the report builds it
-                                                              generation=metadata.get("generation"))}
+        status: dict[str, Any] = {
+            "conditions": set_condition(
+                conditions,
+                CONDITION,
+                *condition,  # type: ignore[arg-type]  # (status, reason, message) as the report builds it
+                generation=metadata.get("generation"),
+            )
+        }
         if kv_moved:
             assert summary is not None
             status["kv"] = kv_status(summary)
@@ -303,8 +346,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     async def start(memo: kopf.Memo, **_: Any) -> None:
         memo.telemetry = TelemetryLoop(config, memo.kube, memo.metrics, memo.demand)
         memo.telemetry_task = asyncio.create_task(memo.telemetry.run(), name="kvtier-telemetry")
-        memo.metrics_server = await serve_metrics(memo.metrics.registry, config.metrics_port) \
-            if config.metrics_port else None
+        memo.metrics_server = (
+            await serve_metrics(memo.metrics.registry, config.metrics_port) if config.metrics_port else None
+        )
 
     @kopf.on.cleanup(id="telemetry", registry=registry)
     async def stop(memo: kopf.Memo, **_: Any) -> None:

@@ -66,28 +66,46 @@ def keep_claim_templates(rendered: dict[str, Any], existing: dict[str, Any]) -> 
     changes = [f"{key} {before.get(key)!r} -> {spec.get(key)!r}" for key in _FIXED if spec.get(key) != before.get(key)]
     old = {t["metadata"]["name"]: t["spec"] for t in before.get("volumeClaimTemplates") or []}
     new = {t["metadata"]["name"]: t["spec"] for t in spec.get("volumeClaimTemplates") or []}
-    volumes = [f"volume claim templates {sorted(old)} -> {sorted(new)}"] if set(old) != set(new) else [
-        f"{name}.{key} {old[name].get(key)!r} -> {new[name].get(key)!r}"
-        for name in sorted(new) for key in _VOLUME_KIND if new[name].get(key) != old[name].get(key)]
+    volumes = (
+        [f"volume claim templates {sorted(old)} -> {sorted(new)}"]
+        if set(old) != set(new)
+        else [
+            f"{name}.{key} {old[name].get(key)!r} -> {new[name].get(key)!r}"
+            for name in sorted(new)
+            for key in _VOLUME_KIND
+            if new[name].get(key) != old[name].get(key)
+        ]
+    )
     if changes or volumes:
         name, namespace = existing["metadata"]["name"], existing["metadata"]["namespace"]
         where = "spec.kvCache.storage: " if volumes else ""
-        return (f"{where}StatefulSet {name} cannot be updated: {'; '.join(volumes + changes)} (Kubernetes allows only "
-                f"replicas, template, updateStrategy, ordinals, persistentVolumeClaimRetentionPolicy and minReadySeconds "
-                f"to change). Delete it and its claims to have them recreated, dropping their cached KV data: "
-                f"kubectl delete statefulset {name} -n {namespace}; "
-                f"kubectl delete pvc -n {namespace} -l {DEPLOYMENT_LABEL}={name}")
+        return (
+            f"{where}StatefulSet {name} cannot be updated: {'; '.join(volumes + changes)} (Kubernetes allows only "
+            f"replicas, template, updateStrategy, ordinals, persistentVolumeClaimRetentionPolicy and minReadySeconds "
+            f"to change). Delete it and its claims to have them recreated, dropping their cached KV data: "
+            f"kubectl delete statefulset {name} -n {namespace}; "
+            f"kubectl delete pvc -n {namespace} -l {DEPLOYMENT_LABEL}={name}"
+        )
     if old:
         spec["volumeClaimTemplates"] = [
-            {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-             "metadata": {k: copy.deepcopy(v) for k, v in template["metadata"].items() if k in ("name", "labels", "annotations")},
-             "spec": copy.deepcopy(template["spec"])}
-            for template in before["volumeClaimTemplates"]]
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {
+                    k: copy.deepcopy(v)
+                    for k, v in template["metadata"].items()
+                    if k in ("name", "labels", "annotations")
+                },
+                "spec": copy.deepcopy(template["spec"]),
+            }
+            for template in before["volumeClaimTemplates"]
+        ]
     return None
 
 
-async def expand_claims(kube: KubeClient, deployment: InferenceDeployment, pool: KVPool,
-                        claims: list[dict[str, Any]]) -> str | None:
+async def expand_claims(
+    kube: KubeClient, deployment: InferenceDeployment, pool: KVPool, claims: list[dict[str, Any]]
+) -> str | None:
     """Grow every claim below the size the pool now gives a replica, where its StorageClass allows that;
     otherwise say why the volumes stay smaller than `max` (the quota stays capped by them)."""
     backend = backend_for(pool)
@@ -98,15 +116,23 @@ async def expand_claims(kube: KubeClient, deployment: InferenceDeployment, pool:
     held = format_quantity(min(_capacity(claim) for claim in short))
     grew = f"spec.kvCache.storage.max grew to {format_quantity(wanted)} but the replicas' volumes hold {held}"
     if not isinstance(backend, CSIBackend):
-        return f"{grew} and the {pool.spec.storage.backend} volumes of KVPool {pool.metadata.name} cannot be expanded; " \
-               f"the storage quota stays capped by the volumes"
+        return (
+            f"{grew} and the {pool.spec.storage.backend} volumes of KVPool {pool.metadata.name} cannot be expanded; "
+            f"the storage quota stays capped by the volumes"
+        )
     class_name = backend.storage_class_name()
     storage_class = await kube.get_or_none(STORAGECLASSES, None, class_name)
     if storage_class is None or storage_class.get("allowVolumeExpansion") is not True:
-        return (f"{grew} and StorageClass {class_name} does not allow volume expansion (allowVolumeExpansion is not "
-                f"true); the storage quota stays capped by the volumes")
+        return (
+            f"{grew} and StorageClass {class_name} does not allow volume expansion (allowVolumeExpansion is not "
+            f"true); the storage quota stays capped by the volumes"
+        )
     for claim in short:
         if (claim.get("status") or {}).get("phase") == "Bound" and _requested(claim) < wanted:
-            await kube.patch(PERSISTENT_VOLUME_CLAIMS, claim["metadata"]["namespace"], claim["metadata"]["name"],
-                             {"spec": {"resources": {"requests": {"storage": format_quantity(wanted)}}}})
+            await kube.patch(
+                PERSISTENT_VOLUME_CLAIMS,
+                claim["metadata"]["namespace"],
+                claim["metadata"]["name"],
+                {"spec": {"resources": {"requests": {"storage": format_quantity(wanted)}}}},
+            )
     return None

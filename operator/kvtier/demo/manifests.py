@@ -55,14 +55,15 @@ class DemoManifests:
             "chunk_tokens": self.workload.block_tokens,
             "hbm_blocks": self.hbm_blocks,
             "cpu_blocks": self.cpu_blocks,
-            "deployments": [{"name": name, "time_shift": f"{self.workload.time_shift(index):g}"}
-                            for index, name in enumerate(DEPLOYMENTS)],
+            "deployments": [
+                {"name": name, "time_shift": f"{self.workload.time_shift(index):g}"}
+                for index, name in enumerate(DEPLOYMENTS)
+            ],
         }
 
     def render(self) -> str:
         """All the demo's objects as one multi-document YAML text (the pool first)."""
-        environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                                         autoescape=False)
+        environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
         package = resources.files("kvtier.demo") / "manifests"
         texts = [environment.from_string((package / name).read_text()).render(self.values()) for name in TEMPLATES]
         return "---\n".join(texts)

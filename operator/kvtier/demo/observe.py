@@ -178,13 +178,22 @@ def pool_view(body: Mapping[str, Any]) -> PoolView:
     record = _map(status.get("lastRebalance"))
     if record:
         moves = tuple(
-            Move(str(_map(m).get("namespace")), str(_map(m).get("name")), _quantity(_map(m).get("fromQuota")),
-                 _quantity(_map(m).get("toQuota")))
+            Move(
+                str(_map(m).get("namespace")),
+                str(_map(m).get("name")),
+                _quantity(_map(m).get("fromQuota")),
+                _quantity(_map(m).get("toQuota")),
+            )
             for m in record.get("moves") or []
         )
-        last = Rebalance(str(record.get("time") or ""), _quantity(record.get("movedBytes")),
-                         _number(record.get("predictedGain")), str(record.get("reason") or ""),
-                         bool(record.get("dryRun")), moves)
+        last = Rebalance(
+            str(record.get("time") or ""),
+            _quantity(record.get("movedBytes")),
+            _number(record.get("predictedGain")),
+            str(record.get("reason") or ""),
+            bool(record.get("dryRun")),
+            moves,
+        )
     return PoolView(
         name=str(_map(body.get("metadata")).get("name")),
         capacity=_quantity(status.get("capacity", spec.get("capacity"))),
@@ -246,16 +255,22 @@ def event_views(events: Iterable[Mapping[str, Any]], names: Iterable[str] | None
         chosen.append(event)
     chosen.sort(key=_event_key)
     return tuple(
-        EventView(time=_event_key(event)[0], kind=str(_map(event.get("involvedObject")).get("kind")),
-                  name=str(_map(event.get("involvedObject")).get("name")), type=str(event.get("type") or "Normal"),
-                  reason=str(event.get("reason") or ""), message=str(event.get("message") or ""),
-                  count=event.get("count") if isinstance(event.get("count"), int) else 1)
+        EventView(
+            time=_event_key(event)[0],
+            kind=str(_map(event.get("involvedObject")).get("kind")),
+            name=str(_map(event.get("involvedObject")).get("name")),
+            type=str(event.get("type") or "Normal"),
+            reason=str(event.get("reason") or ""),
+            message=str(event.get("message") or ""),
+            count=event.get("count") if isinstance(event.get("count"), int) else 1,
+        )
         for event in chosen
     )
 
 
-def snapshot(pool: Mapping[str, Any] | None, deployments: Iterable[Mapping[str, Any]],
-             events: Iterable[Mapping[str, Any]] = ()) -> Snapshot:
+def snapshot(
+    pool: Mapping[str, Any] | None, deployments: Iterable[Mapping[str, Any]], events: Iterable[Mapping[str, Any]] = ()
+) -> Snapshot:
     pool_state = pool_view(pool) if pool else None
     views = tuple(sorted((deployment_view(body, pool_state) for body in deployments), key=lambda d: d.name))
     names = {d.name for d in views} | ({pool_state.name} if pool_state else set())
@@ -270,5 +285,4 @@ async def observe(kube: KubeClient, namespace: str, pool: str) -> Snapshot:
         kube.list(EVENTS, namespace),
         kube.list(EVENTS, "default"),
     )
-    return snapshot(pool_body, deployments.get("items", []),
-                    [*events.get("items", []), *pool_events.get("items", [])])
+    return snapshot(pool_body, deployments.get("items", []), [*events.get("items", []), *pool_events.get("items", [])])

@@ -77,16 +77,18 @@ class History:
             if d.name not in self.names:
                 self.names.append(d.name)
         by_name = {d.name: d for d in snapshot.deployments}
-        self.samples.append(Sample(
-            time=time,
-            quota={name: by_name[name].quota if name in by_name else None for name in self.names},
-            watermark={name: by_name[name].watermark if name in by_name else None for name in self.names},
-            hit_ratio={name: dict(by_name[name].hit_ratio) if name in by_name else {} for name in self.names},
-            ready={name: by_name[name].ready if name in by_name else None for name in self.names},
-            replicas={name: by_name[name].desired if name in by_name else None for name in self.names},
-            busy=busy,
-            prompt_rate={name: by_name[name].prompt_rate if name in by_name else None for name in self.names},
-        ))
+        self.samples.append(
+            Sample(
+                time=time,
+                quota={name: by_name[name].quota if name in by_name else None for name in self.names},
+                watermark={name: by_name[name].watermark if name in by_name else None for name in self.names},
+                hit_ratio={name: dict(by_name[name].hit_ratio) if name in by_name else {} for name in self.names},
+                ready={name: by_name[name].ready if name in by_name else None for name in self.names},
+                replicas={name: by_name[name].desired if name in by_name else None for name in self.names},
+                busy=busy,
+                prompt_rate={name: by_name[name].prompt_rate if name in by_name else None for name in self.names},
+            )
+        )
         record = snapshot.pool.last_rebalance if snapshot.pool else None
         if record is not None and record.time not in self.rebalances:
             self.rebalances[record.time] = record
@@ -150,51 +152,76 @@ def _arrow(before: str, after: str) -> str:
     return before if before == after else f"{before} → {after}"
 
 
-def summary_markdown(history: History, *, plot: str | None = "demo.png", interrupted: bool = False,
-                     window: float | None = None) -> str:
+def summary_markdown(
+    history: History, *, plot: str | None = "demo.png", interrupted: bool = False, window: float | None = None
+) -> str:
     """The run in words and tables; times are seconds since every replica was Ready (`window`: the operator's
     telemetry window in seconds, which the ratios and rates are averaged over)."""
     last = history.last
     pool = last.pool if last else None
     lines = ["# kvtier demo: summary", ""]
-    ran = f"{clock_text(history.duration)} of wall-clock time ({clock_text(history.duration * history.speed)} " \
-          f"simulated at {history.speed:g}x)"
-    lines.append(f"Ran {ran}{', interrupted by the user' if interrupted else ''}, "
-                 f"{len(history.names)} deployments sharing one pool; a sample a second. Times are seconds since "
-                 f"every replica was Ready.")
+    ran = (
+        f"{clock_text(history.duration)} of wall-clock time ({clock_text(history.duration * history.speed)} "
+        f"simulated at {history.speed:g}x)"
+    )
+    lines.append(
+        f"Ran {ran}{', interrupted by the user' if interrupted else ''}, "
+        f"{len(history.names)} deployments sharing one pool; a sample a second. Times are seconds since "
+        f"every replica was Ready."
+    )
     if pool is not None:
-        lines += ["", f"Pool `{pool.name}` ({pool.storage or MISSING}, policy {pool.policy or MISSING}): capacity "
-                      f"{size(pool.capacity)}, allocated {size(pool.allocated)} at the end."]
+        lines += [
+            "",
+            f"Pool `{pool.name}` ({pool.storage or MISSING}, policy {pool.policy or MISSING}): capacity "
+            f"{size(pool.capacity)}, allocated {size(pool.allocated)} at the end.",
+        ]
     if plot:
         lines += ["", f"![quota, storage-tier hits and hit ratio over time]({plot})"]
 
-    lines += ["", "## Storage quota per deployment (per replica)", "",
-              "| deployment | at start | at end | change | min | max | time as the busy one |",
-              "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Storage quota per deployment (per replica)",
+        "",
+        "| deployment | at start | at end | change | min | max | time as the busy one |",
+        "|---|---|---|---|---|---|---|",
+    ]
     final = {d.name: d for d in (last.deployments if last else ())}
     for name in history.names:
         start, end = history.quota_at(name, last=False), history.quota_at(name, last=True)
-        change = MISSING if start is None or end is None else (
-            "unchanged" if start == end else f"{'+' if end > start else '−'}{size(abs(end - start))}")
-        busy = sum(after.time - before.time for before, after in zip(history.samples, history.samples[1:])
-                   if before.busy == name)
+        change = (
+            MISSING
+            if start is None or end is None
+            else ("unchanged" if start == end else f"{'+' if end > start else '−'}{size(abs(end - start))}")
+        )
+        busy = sum(
+            after.time - before.time
+            for before, after in zip(history.samples, history.samples[1:])
+            if before.busy == name
+        )
         d = final.get(name)
-        lines.append(f"| {name} | {size(start)} | {size(end)} | {change} | {size(d.min if d else None)} | "
-                     f"{size(d.max if d else None)} | {clock_text(busy)} |")
+        lines.append(
+            f"| {name} | {size(start)} | {size(end)} | {change} | {size(d.min if d else None)} | "
+            f"{size(d.max if d else None)} | {clock_text(busy)} |"
+        )
 
     spans = _segments(history.samples)
     if spans:
         over = f" over the operator's {clock_text(window)} telemetry window" if window else ""
-        lines += ["", "## Each busy span: what the busy deployment's quota bought", "",
-                  "When a deployment turns busy it sends more prompts, over more distinct documents than HBM and "
-                  "the CPU tier hold: its working set grew, so its hit ratio over all tiers falls. That is the load "
-                  "changing, not the quota. What the quota buys is the storage tier's part: the prompt tokens per "
-                  "second its storage tier serves (storage hit ratio x prompt tokens per second), which grows as "
-                  f"the rebalancer moves quota to it. Rates and ratios are averages{over}, so a span's first "
-                  "values still partly show the span before.", "",
-                  "| span | busy | its quota | prompt tokens/s | from its storage tier, tokens/s | "
-                  "storage hit ratio | hit ratio, all tiers |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## Each busy span: what the busy deployment's quota bought",
+            "",
+            "When a deployment turns busy it sends more prompts, over more distinct documents than HBM and "
+            "the CPU tier hold: its working set grew, so its hit ratio over all tiers falls. That is the load "
+            "changing, not the quota. What the quota buys is the storage tier's part: the prompt tokens per "
+            "second its storage tier serves (storage hit ratio x prompt tokens per second), which grows as "
+            f"the rebalancer moves quota to it. Rates and ratios are averages{over}, so a span's first "
+            "values still partly show the span before.",
+            "",
+            "| span | busy | its quota | prompt tokens/s | from its storage tier, tokens/s | "
+            "storage hit ratio | hit ratio, all tiers |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for name, begin, end in spans:
             if end - begin < MIN_SPAN_SECONDS:
                 continue
@@ -209,33 +236,48 @@ def summary_markdown(history: History, *, plot: str | None = "demo.png", interru
                 f"{both(lambda s: _rate(s.prompt_rate.get(name)))} | "
                 f"{both(lambda s: _rate(s.storage_hit_rate(name)))} | "
                 f"{both(lambda s: ratio(s.hit_ratio.get(name, {}).get('storage')))} | "
-                f"{both(lambda s: ratio(s.hit_ratio.get(name, {}).get('total')))} |")
+                f"{both(lambda s: ratio(s.hit_ratio.get(name, {}).get('total')))} |"
+            )
 
     changes = history.quota_changes()
     lines += ["", "## Rebalancing", ""]
-    lines.append(f"{len(changes)} quota change{'s' if len(changes) != 1 else ''} observed, "
-                 f"{len(history.rebalances)} rebalance round{'s' if len(history.rebalances) != 1 else ''} recorded in "
-                 f"the pool's `status.lastRebalance`, {len(history.rebalance_events)} rebalance Event"
-                 f"{'s' if len(history.rebalance_events) != 1 else ''}.")
+    lines.append(
+        f"{len(changes)} quota change{'s' if len(changes) != 1 else ''} observed, "
+        f"{len(history.rebalances)} rebalance round{'s' if len(history.rebalances) != 1 else ''} recorded in "
+        f"the pool's `status.lastRebalance`, {len(history.rebalance_events)} rebalance Event"
+        f"{'s' if len(history.rebalance_events) != 1 else ''}."
+    )
     if changes:
         lines += ["", "| at | deployment | from | to |", "|---|---|---|---|"]
-        lines += [f"| {clock_text(c.time)} | {c.name} | {size(c.before)} | {size(c.after)} |"
-                  for c in changes[:MAX_ROWS]]
+        lines += [
+            f"| {clock_text(c.time)} | {c.name} | {size(c.before)} | {size(c.after)} |" for c in changes[:MAX_ROWS]
+        ]
         if len(changes) > MAX_ROWS:
             lines.append(f"| … | {len(changes) - MAX_ROWS} more in samples.json | | |")
     if history.rebalances:
-        lines += ["", "Each round, and why the rebalancer moved (its prediction, in prompt tokens per second the "
-                      "storage tiers serve):", "",
-                  "| at | moved | moves | why |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "Each round, and why the rebalancer moved (its prediction, in prompt tokens per second the "
+            "storage tiers serve):",
+            "",
+            "| at | moved | moves | why |",
+            "|---|---|---|---|",
+        ]
         for record in history.rebalances.values():
             moves = ", ".join(f"{m.name} {size(m.from_quota)}→{size(m.to_quota)}" for m in record.moves) or MISSING
-            lines.append(f"| {history.run_time(record.time)} | {size(record.moved_bytes)} | {moves} | {record.reason} |")
+            lines.append(
+                f"| {history.run_time(record.time)} | {size(record.moved_bytes)} | {moves} | {record.reason} |"
+            )
     if not changes and not history.rebalances:
         lines += ["", "No quota moved: the operator recorded no rebalance (`status.lastRebalance` stayed empty)."]
 
-    lines += ["", "## Hit ratio per tier (mean over the run / last)", "",
-              "| deployment | " + " | ".join(TIERS) + " | HBM watermark (last) |",
-              "|---|" + "---|" * (len(TIERS) + 1)]
+    lines += [
+        "",
+        "## Hit ratio per tier (mean over the run / last)",
+        "",
+        "| deployment | " + " | ".join(TIERS) + " | HBM watermark (last) |",
+        "|---|" + "---|" * (len(TIERS) + 1),
+    ]
     any_hits = False
     for name in history.names:
         cells = []
@@ -243,8 +285,9 @@ def summary_markdown(history: History, *, plot: str | None = "demo.png", interru
             mean, latest = history.hit_stats(name, tier)
             any_hits = any_hits or mean is not None
             cells.append(MISSING if mean is None else f"{ratio(mean)} / {ratio(latest)}")
-        watermark = next((s.watermark.get(name) for s in reversed(history.samples)
-                          if s.watermark.get(name) is not None), None)
+        watermark = next(
+            (s.watermark.get(name) for s in reversed(history.samples) if s.watermark.get(name) is not None), None
+        )
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {ratio(watermark)} |")
     if not any_hits:
         lines += ["", "No hit ratios were reported: the deployments' `status.kv.hitRatio` stayed empty."]
@@ -282,35 +325,55 @@ def plot_figure(history: History) -> Figure:
     quota_axes, served_axes, hit_axes = figure.subplots(3, 1, sharex=True, height_ratios=(1, 1, 1.1))
     pool = history.last.pool if history.last else None
     every = f", re-divided every {clock_text(pool.interval)}" if pool is not None and pool.interval else ""
-    figure.suptitle(f"kvtier demo: three deployments share one storage pool{every} "
-                    f"({clock_text(history.duration)} of wall-clock time, simulated at {history.speed:g}x)")
+    figure.suptitle(
+        f"kvtier demo: three deployments share one storage pool{every} "
+        f"({clock_text(history.duration)} of wall-clock time, simulated at {history.speed:g}x)"
+    )
     colours = {name: f"C{index}" for index, name in enumerate(history.names)}
     times = [s.time for s in history.samples]
     for axes in (quota_axes, served_axes, hit_axes):
         for name, start, end in _segments(history.samples):
             if axes is quota_axes:  # a strip above the stack, named, where the stack cannot hide it
-                axes.axvspan(start, max(end, start + 1), ymin=0.91, ymax=0.99, color=colours.get(name, "grey"),
-                             alpha=0.35, lw=0)
+                axes.axvspan(
+                    start, max(end, start + 1), ymin=0.91, ymax=0.99, color=colours.get(name, "grey"), alpha=0.35, lw=0
+                )
                 if end - start >= MIN_SPAN_SECONDS:
-                    axes.text((start + end) / 2, 0.95, f"{name} busy", transform=axes.get_xaxis_transform(),
-                              ha="center", va="center", fontsize="small")
+                    axes.text(
+                        (start + end) / 2,
+                        0.95,
+                        f"{name} busy",
+                        transform=axes.get_xaxis_transform(),
+                        ha="center",
+                        va="center",
+                        fontsize="small",
+                    )
             else:
                 axes.axvspan(start, max(end, start + 1), color=colours.get(name, "grey"), alpha=0.1, lw=0)
         for change in history.quota_changes():
             axes.axvline(change.time, color="dimgrey", lw=0.7, ls=":", zorder=3)
         axes.grid(alpha=0.3)
-    context = [Patch(facecolor="grey", alpha=0.3, label="the load's busy deployment\n(shaded in its colour)"),
-               Line2D([], [], color="dimgrey", lw=0.8, ls=":", label="a quota change\n(a rebalance round)")]
+    context = [
+        Patch(facecolor="grey", alpha=0.3, label="the load's busy deployment\n(shaded in its colour)"),
+        Line2D([], [], color="dimgrey", lw=0.8, ls=":", label="a quota change\n(a rebalance round)"),
+    ]
 
-    stacked = [[gib((s.quota.get(name) or 0) * (s.replicas.get(name) or 1)) for s in history.samples]
-               for name in history.names]
+    stacked = [
+        [gib((s.quota.get(name) or 0) * (s.replicas.get(name) or 1)) for s in history.samples] for name in history.names
+    ]
     if times:  # step="post" stacks each value until the next sample, as the quota held
-        quota_axes.stackplot([*times, times[-1] + 1], [[*row, row[-1]] for row in stacked], labels=history.names,
-                             step="post", colors=[colours[name] for name in history.names], alpha=0.85)
+        quota_axes.stackplot(
+            [*times, times[-1] + 1],
+            [[*row, row[-1]] for row in stacked],
+            labels=history.names,
+            step="post",
+            colors=[colours[name] for name in history.names],
+            alpha=0.85,
+        )
     if pool is not None and pool.capacity:
         quota_axes.axhline(gib(pool.capacity), color="black", lw=1, ls="--", label="pool capacity")
-    quota_axes.set_title("Where the pool's storage goes: each deployment's quota x replicas, stacked",
-                         loc="left", fontsize="medium")
+    quota_axes.set_title(
+        "Where the pool's storage goes: each deployment's quota x replicas, stacked", loc="left", fontsize="medium"
+    )
     quota_axes.set_ylabel("GiB")
     heights = [sum(column) for column in zip(*stacked)]
     if pool is not None and pool.capacity:
@@ -326,35 +389,59 @@ def plot_figure(history: History) -> Figure:
         if any(v == v for v in served):
             served_axes.plot(times, served, color=colours[name], lw=2, label=name)
             plotted = True
-    served_axes.set_title("What the quota buys: prompt tokens per second served from each deployment's storage "
-                          "tier (storage hit ratio x prompt tokens/s)", loc="left", fontsize="medium")
+    served_axes.set_title(
+        "What the quota buys: prompt tokens per second served from each deployment's storage "
+        "tier (storage hit ratio x prompt tokens/s)",
+        loc="left",
+        fontsize="medium",
+    )
     served_axes.set_ylabel("thousand tokens/s")
     served_axes.set_ylim(bottom=0)
     if plotted:
         served_axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     else:
-        served_axes.text(0.5, 0.5, "no rates reported (status.kv.promptTokensPerSecond is empty)", ha="center",
-                         va="center", transform=served_axes.transAxes, color="grey")
+        served_axes.text(
+            0.5,
+            0.5,
+            "no rates reported (status.kv.promptTokensPerSecond is empty)",
+            ha="center",
+            va="center",
+            transform=served_axes.transAxes,
+            color="grey",
+        )
 
     plotted = False
     for name in history.names:
-        values = [v if (v := s.hit_ratio.get(name, {}).get("total")) is not None else float("nan")
-                  for s in history.samples]
+        values = [
+            v if (v := s.hit_ratio.get(name, {}).get("total")) is not None else float("nan") for s in history.samples
+        ]
         if any(v == v for v in values):
             hit_axes.plot(times, values, color=colours[name], label=f"{name}, all tiers", lw=2)
-            storage = [v if (v := s.hit_ratio.get(name, {}).get("storage")) is not None else float("nan")
-                       for s in history.samples]
+            storage = [
+                v if (v := s.hit_ratio.get(name, {}).get("storage")) is not None else float("nan")
+                for s in history.samples
+            ]
             hit_axes.plot(times, storage, color=colours[name], ls="--", lw=1.2, label=f"{name}, storage tier")
             plotted = True
-    hit_axes.set_title("Share of prompt tokens served from cache. A deployment turning busy sends more distinct "
-                       "prompts than HBM and CPU hold,\nso its total (solid) falls: the load changed, not its quota. "
-                       "Its storage tier's share (dashed) is what grows as quota moves to it.",
-                       loc="left", fontsize="medium")
+    hit_axes.set_title(
+        "Share of prompt tokens served from cache. A deployment turning busy sends more distinct "
+        "prompts than HBM and CPU hold,\nso its total (solid) falls: the load changed, not its quota. "
+        "Its storage tier's share (dashed) is what grows as quota moves to it.",
+        loc="left",
+        fontsize="medium",
+    )
     if plotted:
         hit_axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
     else:
-        hit_axes.text(0.5, 0.5, "no hit ratios reported (status.kv.hitRatio is empty)", ha="center", va="center",
-                      transform=hit_axes.transAxes, color="grey")
+        hit_axes.text(
+            0.5,
+            0.5,
+            "no hit ratios reported (status.kv.hitRatio is empty)",
+            ha="center",
+            va="center",
+            transform=hit_axes.transAxes,
+            color="grey",
+        )
     hit_axes.set_ylim(0, 1)
     hit_axes.yaxis.set_major_formatter("{x:.0%}")
     hit_axes.set_ylabel("hit ratio")

@@ -34,7 +34,11 @@ from kvtier.demo.workload import PHASES, Workload
 from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, PODS, KubeClient, Resource
 
 FIELD_MANAGER = "kvtier-demo"
-RESOURCES: dict[str, Resource] = {"Namespace": NAMESPACES, "KVPool": KVPOOLS, "InferenceDeployment": INFERENCEDEPLOYMENTS}
+RESOURCES: dict[str, Resource] = {
+    "Namespace": NAMESPACES,
+    "KVPool": KVPOOLS,
+    "InferenceDeployment": INFERENCEDEPLOYMENTS,
+}
 #: Exit codes: done; the cluster never became ready; interrupted (128 + the signal, as shells report it:
 #: 130 for Ctrl-C, 143 for SIGTERM).
 OK, NOT_READY = 0, 1
@@ -94,8 +98,9 @@ class Screen:
         self.options, self.console, self.echo = options, console, echo
         self.live: Live | None = None
         if options.live and console.is_terminal:
-            self.live = Live(console=console, refresh_per_second=4, transient=False, redirect_stdout=False,
-                             redirect_stderr=False)
+            self.live = Live(
+                console=console, refresh_per_second=4, transient=False, redirect_stdout=False, redirect_stderr=False
+            )
         self._printed_at: float | None = None
         self._stage: str | None = None
         self._seen_events: set[tuple[str, str, str, str]] = set()
@@ -119,8 +124,7 @@ class Screen:
                 self._seen_events.add(key)
                 self.echo(f"  [{clock.at(event.time):>6}] {event.reason}: {event.message}")
         now = time.monotonic()
-        if (clock.stage != self._stage or self._printed_at is None
-                or now - self._printed_at >= self.options.plain_every):
+        if clock.stage != self._stage or self._printed_at is None or now - self._printed_at >= self.options.plain_every:
             self.echo(plain_line(snapshot, clock))
             self._printed_at, self._stage = now, clock.stage
 
@@ -167,16 +171,20 @@ def _install_signals(stop: asyncio.Event, received: list[int]) -> Callable[[], N
 async def _replay_started(kube: KubeClient) -> float | None:
     """When the first vLLM container of the demo started (its engine's trace replay with it), from the pods."""
     pods = await kube.list(PODS, NAMESPACE)
-    starts = [epoch_seconds(started)
-              for pod in pods.get("items", []) for container in (pod.get("status") or {}).get("containerStatuses") or []
-              if container.get("name") == "vllm"
-              and isinstance(started := ((container.get("state") or {}).get("running") or {}).get("startedAt"), str)]
+    starts = [
+        epoch_seconds(started)
+        for pod in pods.get("items", [])
+        for container in (pod.get("status") or {}).get("containerStatuses") or []
+        if container.get("name") == "vllm"
+        and isinstance(started := ((container.get("state") or {}).get("running") or {}).get("startedAt"), str)
+    ]
     known = [start for start in starts if start is not None]
     return min(known) if known else None
 
 
-async def _watch(kube: KubeClient, options: DemoOptions, screen: Screen, history: History,
-                 stop: asyncio.Event, hint: str) -> bool:
+async def _watch(
+    kube: KubeClient, options: DemoOptions, screen: Screen, history: History, stop: asyncio.Event, hint: str
+) -> bool:
     """Wait for Ready, then watch for `duration`; True if it ran to the end, False if interrupted."""
     started = time.monotonic()
     running_since: float | None = None
@@ -193,22 +201,35 @@ async def _watch(kube: KubeClient, options: DemoOptions, screen: Screen, history
                 replay_started = await _replay_started(kube)
                 if replay_started is not None:  # the engines replay from their start, before Ready is seen
                     load_since = now - max(0.0, time.time() - replay_started)
-                screen.say(f"all {len(DEPLOYMENTS)} deployments Ready after {now - started:.1f}s; "
-                           f"watching for {options.duration:g}s")
+                screen.say(
+                    f"all {len(DEPLOYMENTS)} deployments Ready after {now - started:.1f}s; "
+                    f"watching for {options.duration:g}s"
+                )
             elif now - started > options.ready_timeout:
-                states = ", ".join(f"{d.name} {replicas(d)} ({d.ready_reason or 'no Ready condition'})"
-                                   for d in snapshot.deployments) or "no deployments"
-                raise NotReady(f"the demo's replicas were not all Ready within {options.ready_timeout:g}s: "
-                               f"{states}")
+                states = (
+                    ", ".join(
+                        f"{d.name} {replicas(d)} ({d.ready_reason or 'no Ready condition'})"
+                        for d in snapshot.deployments
+                    )
+                    or "no deployments"
+                )
+                raise NotReady(f"the demo's replicas were not all Ready within {options.ready_timeout:g}s: {states}")
         if running_since is None:
-            clock = Clock("starting", now - started, options.duration, options.speed, hint=hint,
-                          origin=time.time() - (now - started))
+            clock = Clock(
+                "starting",
+                now - started,
+                options.duration,
+                options.speed,
+                hint=hint,
+                origin=time.time() - (now - started),
+            )
         else:
             elapsed = now - running_since
             busy = busy_deployment(now - (load_since or running_since), options)
             history.add(round(elapsed, 2), snapshot, busy, at=time.time())
-            clock = Clock("running", elapsed, options.duration, options.speed, busy=busy, hint=hint,
-                          origin=time.time() - elapsed)
+            clock = Clock(
+                "running", elapsed, options.duration, options.speed, busy=busy, hint=hint, origin=time.time() - elapsed
+            )
             if elapsed >= options.duration:
                 screen.show(snapshot, clock)
                 return True
@@ -224,22 +245,31 @@ async def _run(options: DemoOptions, screen: Screen, history: History, scratch: 
 
     trace = scratch / "load.jsonl"
     options.workload.write(trace)
-    manifests = DemoManifests(trace=str(trace), pool_path=str(scratch / "pool"), speed=options.speed,
-                              workload=options.workload)
+    manifests = DemoManifests(
+        trace=str(trace), pool_path=str(scratch / "pool"), speed=options.speed, workload=options.workload
+    )
     kubeconfig = options.out / "kubeconfig"
     stop = asyncio.Event()
     remove_signals = _install_signals(stop, received)
     try:
         screen.say("starting the embedded cluster (API server, pod simulator with kvsim engines, kvtier operator)")
-        cluster = EmbeddedCluster(default_nodes(options.nodes), kubeconfig=kubeconfig,
-                                  engine_factory=KvsimEngines(scratch / "pods", fallback=stub_engine),
-                                  operator=OperatorConfig(resync_seconds=options.resync_seconds,
-                                                          scrape_interval_seconds=1.0, status_interval_seconds=2.0,
-                                                          telemetry_window_seconds=options.telemetry_window))
+        cluster = EmbeddedCluster(
+            default_nodes(options.nodes),
+            kubeconfig=kubeconfig,
+            engine_factory=KvsimEngines(scratch / "pods", fallback=stub_engine),
+            operator=OperatorConfig(
+                resync_seconds=options.resync_seconds,
+                scrape_interval_seconds=1.0,
+                status_interval_seconds=2.0,
+                telemetry_window_seconds=options.telemetry_window,
+            ),
+        )
         async with cluster:
             assert cluster.kube is not None
-            screen.say(f"applying the demo: KVPool {POOL} and InferenceDeployments "
-                       f"{', '.join(DEPLOYMENTS)} in namespace {NAMESPACE}")
+            screen.say(
+                f"applying the demo: KVPool {POOL} and InferenceDeployments "
+                f"{', '.join(DEPLOYMENTS)} in namespace {NAMESPACE}"
+            )
             await _apply(cluster.kube, manifests)
             hint = f"kubectl --kubeconfig {kubeconfig} get kvp,infd -A   ·   Ctrl-C stops"
             with screen:
@@ -251,8 +281,7 @@ async def _run(options: DemoOptions, screen: Screen, history: History, scratch: 
         kubeconfig.unlink(missing_ok=True)
 
 
-def run_demo(options: DemoOptions, *, console: Console | None = None,
-             echo: Callable[[str], None] = click.echo) -> int:
+def run_demo(options: DemoOptions, *, console: Console | None = None, echo: Callable[[str], None] = click.echo) -> int:
     """Run the demo; returns the exit code (0 done, 1 not ready, 130 after Ctrl-C, 143 after SIGTERM)."""
     options.out.mkdir(parents=True, exist_ok=True)
     screen = Screen(options, console or Console(), echo)
@@ -273,12 +302,15 @@ def run_demo(options: DemoOptions, *, console: Console | None = None,
         return 128 + received[0] if received else INTERRUPTED
     summary, plot, samples = options.out / "summary.md", options.out / "demo.png", options.out / "samples.json"
     write_plot(history, plot)
-    summary.write_text(summary_markdown(history, plot=plot.name, interrupted=not finished,
-                                        window=options.telemetry_window))
+    summary.write_text(
+        summary_markdown(history, plot=plot.name, interrupted=not finished, window=options.telemetry_window)
+    )
     write_samples(history, samples)
     moved = len(history.quota_changes())
-    screen.say(f"{'interrupted' if not finished else 'done'}: {moved} quota change{'s' if moved != 1 else ''}, "
-               f"{len(history.rebalances)} rebalance round{'s' if len(history.rebalances) != 1 else ''} recorded")
+    screen.say(
+        f"{'interrupted' if not finished else 'done'}: {moved} quota change{'s' if moved != 1 else ''}, "
+        f"{len(history.rebalances)} rebalance round{'s' if len(history.rebalances) != 1 else ''} recorded"
+    )
     for path in (summary, plot, samples, log_path):
         screen.say(f"wrote {path}")
     if finished:

@@ -91,8 +91,10 @@ def pool_line(pool: PoolView | None) -> str:
         return f"pool {MISSING} (not created yet)"
     kind = f"{pool.storage}, " if pool.storage else ""
     every = f" every {clock_text(pool.interval)}" if pool.interval is not None else ""
-    return (f"pool {pool.name} ({kind}{pool.policy or MISSING}{every}): capacity {size(pool.capacity)}, "
-            f"allocated {size(pool.allocated)}, available {size(pool.available)}")
+    return (
+        f"pool {pool.name} ({kind}{pool.policy or MISSING}{every}): capacity {size(pool.capacity)}, "
+        f"allocated {size(pool.allocated)}, available {size(pool.available)}"
+    )
 
 
 def rebalance_line(pool: PoolView | None, clock: Clock) -> str:
@@ -139,8 +141,12 @@ def events_table(snapshot: Snapshot, clock: Clock, lines: int = EVENT_LINES) -> 
     shown = snapshot.events[-lines:]
     for event in shown:
         style = "bold magenta" if event.is_rebalance else ("red" if event.type == "Warning" else "dim")
-        table.add_row(Text(clock.at(event.time), style="dim"), Text(f"{event.kind}/{event.name}"),
-                      Text(event.reason, style=style), Text(event.message, overflow="ellipsis", no_wrap=True))
+        table.add_row(
+            Text(clock.at(event.time), style="dim"),
+            Text(f"{event.kind}/{event.name}"),
+            Text(event.reason, style=style),
+            Text(event.message, overflow="ellipsis", no_wrap=True),
+        )
     if not shown:
         table.add_row(Text(MISSING, style="dim"), "", "", "")
     return table
@@ -155,14 +161,25 @@ def progress_row(clock: Clock) -> Table:
         bar = ProgressBar(total=clock.duration, completed=min(clock.elapsed, clock.duration), width=32)
         simulated = clock.elapsed * clock.speed
         busy = f"   busy now: {clock.busy}" if clock.busy else ""
-        row.add_row(Text("running", style="bold green"), bar,
-                    Text(f"{clock_text(clock.elapsed)} / {clock_text(clock.duration)}   "
-                         f"simulated {clock_text(simulated)} ({clock.speed:g}x){busy}"))
+        row.add_row(
+            Text("running", style="bold green"),
+            bar,
+            Text(
+                f"{clock_text(clock.elapsed)} / {clock_text(clock.duration)}   "
+                f"simulated {clock_text(simulated)} ({clock.speed:g}x){busy}"
+            ),
+        )
     else:
         bar = ProgressBar(total=None, width=32)
-        row.add_row(Text(clock.stage, style="bold yellow"), bar,
-                    Text(f"{clock_text(clock.elapsed)}: waiting for the deployments' replicas to be Ready"
-                         if clock.stage == "starting" else clock_text(clock.elapsed)))
+        row.add_row(
+            Text(clock.stage, style="bold yellow"),
+            bar,
+            Text(
+                f"{clock_text(clock.elapsed)}: waiting for the deployments' replicas to be Ready"
+                if clock.stage == "starting"
+                else clock_text(clock.elapsed)
+            ),
+        )
     return row
 
 
@@ -172,7 +189,10 @@ def render(snapshot: Snapshot, clock: Clock) -> RenderableType:
         Text("kvtier demo: three deployments share one KV storage pool on an embedded cluster", style="bold"),
         progress_row(clock),
         Text(pool_line(snapshot.pool)),
-        Text(rebalance_line(snapshot.pool, clock), style="magenta" if snapshot.pool and snapshot.pool.last_rebalance else "dim"),
+        Text(
+            rebalance_line(snapshot.pool, clock),
+            style="magenta" if snapshot.pool and snapshot.pool.last_rebalance else "dim",
+        ),
         deployment_table(snapshot),
         Text("events", style="bold"),
         events_table(snapshot, clock),
@@ -191,8 +211,9 @@ def plain_line(snapshot: Snapshot, clock: Clock) -> str:
     pool = snapshot.pool
     parts = [head, f"pool {size(pool.allocated) if pool else MISSING}/{size(pool.capacity) if pool else MISSING}"]
     for d in snapshot.deployments:
-        parts.append(f"{d.name} {replicas(d)} quota {size(d.quota)} wm {ratio(d.watermark)} "
-                     f"hit {ratio(d.hit('total'))}")
+        parts.append(
+            f"{d.name} {replicas(d)} quota {size(d.quota)} wm {ratio(d.watermark)} hit {ratio(d.hit('total'))}"
+        )
     if clock.stage == "running" and clock.busy:
         parts.append(f"busy {clock.busy}")
     rebalances = sum(event.is_rebalance for event in snapshot.events)

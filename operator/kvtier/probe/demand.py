@@ -137,19 +137,33 @@ class DemandProbe:
 
     def collect(self) -> Iterator[Metric]:
         counts, total, distance_sum = self.buckets()
-        yield _histogram(STACK_DISTANCE_CHUNKS, "LRU stack distance of every chunk looked up, in chunks "
-                         "(le=C: chunks an LRU of C chunks would hit); decayed weights.", self.bounds, counts, total,
-                         distance_sum)
+        yield _histogram(
+            STACK_DISTANCE_CHUNKS,
+            "LRU stack distance of every chunk looked up, in chunks "
+            "(le=C: chunks an LRU of C chunks would hit); decayed weights.",
+            self.bounds,
+            counts,
+            total,
+            distance_sum,
+        )
         if self.chunk_bytes:
-            yield _histogram(STACK_DISTANCE_BYTES, "LRU stack distance of every chunk looked up, in bytes of cache; "
-                             "decayed weights.", [bound * self.chunk_bytes for bound in self.bounds], counts, total,
-                             distance_sum * self.chunk_bytes)
+            yield _histogram(
+                STACK_DISTANCE_BYTES,
+                "LRU stack distance of every chunk looked up, in bytes of cache; decayed weights.",
+                [bound * self.chunk_bytes for bound in self.bounds],
+                counts,
+                total,
+                distance_sum * self.chunk_bytes,
+            )
         for name, doc, value in (
             ("kvtier_probe_lookups", "Lookups read from the log.", self.lookups),
             ("kvtier_probe_chunks", "Chunks looked up.", self.chunks),
             ("kvtier_probe_garbage_lines", "Log lines that are not lookups (skipped).", self.garbage_lines),
-            ("kvtier_probe_duplicate_lookups", "Lookups of a request id seen just before (skipped).",
-             self.duplicate_lookups),
+            (
+                "kvtier_probe_duplicate_lookups",
+                "Lookups of a request id seen just before (skipped).",
+                self.duplicate_lookups,
+            ),
             ("kvtier_probe_decay_ticks", "Decay ticks applied to the histogram's weights so far.", self.decay_ticks),
         ):
             counter = CounterMetricFamily(name, doc)
@@ -163,14 +177,20 @@ class DemandProbe:
             ("kvtier_probe_tick_seconds", "Seconds of log time between two decay ticks.", self.tick_seconds),
         ]
         if self.last_timestamp is not None:
-            gauges.append(("kvtier_probe_last_lookup_timestamp_seconds", "Timestamp of the newest lookup read.",
-                           self.last_timestamp))
+            gauges.append(
+                (
+                    "kvtier_probe_last_lookup_timestamp_seconds",
+                    "Timestamp of the newest lookup read.",
+                    self.last_timestamp,
+                )
+            )
         for name, doc, value in gauges:
             yield GaugeMetricFamily(name, doc, value=value)
 
 
-def _histogram(name: str, doc: str, bounds: Iterable[float], counts: list[float], total: float,
-               distance_sum: float) -> HistogramMetricFamily:
+def _histogram(
+    name: str, doc: str, bounds: Iterable[float], counts: list[float], total: float, distance_sum: float
+) -> HistogramMetricFamily:
     buckets = [(floatToGoString(bound), count) for bound, count in zip(bounds, counts)]
     buckets.append(("+Inf", total))
     return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=distance_sum)
@@ -259,6 +279,7 @@ def scraped_hit_curve(text: str, name: str = STACK_DISTANCE_CHUNKS) -> HitCurve:
     """The hit curve of histogram ``name`` in a Prometheus text page (``ValueError`` if absent or malformed)."""
     for family in text_string_to_metric_families(text):
         if family.name == name and family.type == "histogram":
-            return hit_curve((sample.labels["le"], sample.value) for sample in family.samples
-                             if sample.name == f"{name}_bucket")
+            return hit_curve(
+                (sample.labels["le"], sample.value) for sample in family.samples if sample.name == f"{name}_bucket"
+            )
     raise ValueError(f"no histogram {name} in the page")

@@ -25,8 +25,10 @@ from kvtier.kube import PODS, APIError, KubeClient
 
 #: What LMCache 0.5.6 says when the raw_block adapter's Rust extension is missing (tests/conformance pins it).
 RAW_BLOCK_MISSING = "Rust raw-block extension is not installed"
-RAW_BLOCK_HINT = ("the lmcache image lacks the raw_block adapter's extension: install "
-                  "`lmcache-rust-raw-block-io` (pip install --pre 'lmcache-rust-raw-block-io==0.5.7rc2') in it")
+RAW_BLOCK_HINT = (
+    "the lmcache image lacks the raw_block adapter's extension: install "
+    "`lmcache-rust-raw-block-io` (pip install --pre 'lmcache-rust-raw-block-io==0.5.7rc2') in it"
+)
 #: Quotas are compared at this precision (LMCache keeps `limit_gb` as a float).
 GIB_TOLERANCE = 1e-6
 
@@ -89,8 +91,15 @@ async def open_gate(kube: KubeClient, pod: dict[str, Any], message: str) -> None
     """Set the pod's quota readiness condition (a conditional write: a newer pod status wins)."""
     status = dict(pod.get("status") or {})
     conditions = [c for c in status.get("conditions", []) if c.get("type") != QUOTA_GATE]
-    conditions.append({"type": QUOTA_GATE, "status": "True", "reason": "QuotaApplied", "message": message,
-                       "lastTransitionTime": status.get("startTime") or pod["metadata"]["creationTimestamp"]})
+    conditions.append(
+        {
+            "type": QUOTA_GATE,
+            "status": "True",
+            "reason": "QuotaApplied",
+            "message": message,
+            "lastTransitionTime": status.get("startTime") or pod["metadata"]["creationTimestamp"],
+        }
+    )
     await kube.replace(PODS, {**pod, "status": {**status, "conditions": conditions}}, subresource="status")
 
 

@@ -153,9 +153,7 @@ class _Climber:
         self.next += 1
 
 
-def allocate(
-    demands: Mapping[str, Demand], capacity: int, current: Mapping[str, int] | None = None
-) -> dict[str, int]:
+def allocate(demands: Mapping[str, Demand], capacity: int, current: Mapping[str, int] | None = None) -> dict[str, int]:
     """Integer quotas (capacity units) that maximise the predicted value, within bounds and capacity.
 
     Every deployment first gets its ``min``. The split is the better (ties: the first) of the
@@ -216,8 +214,11 @@ def _hull_segments(demands: Mapping[str, Demand]) -> dict[str, list[Segment]]:
             segments[name] = []
             continue
         hull = upper_concave_hull(values, demand.min_units, top)
-        segments[name] = [((values[a] - values[b]) / (b - a), rank, name, b - a)
-                          for a, b in zip(hull, hull[1:]) if values[b] > values[a]]
+        segments[name] = [
+            ((values[a] - values[b]) / (b - a), rank, name, b - a)
+            for a, b in zip(hull, hull[1:])
+            if values[b] > values[a]
+        ]
     return segments
 
 
@@ -234,8 +235,9 @@ def _hull_order(segments: Mapping[str, list[Segment]]) -> list[str]:
     return units
 
 
-def _best_with_one_aside(demands: Mapping[str, Demand], free: int, aside: str,
-                         segments: Mapping[str, list[Segment]]) -> dict[str, int]:
+def _best_with_one_aside(
+    demands: Mapping[str, Demand], free: int, aside: str, segments: Mapping[str, list[Segment]]
+) -> dict[str, int]:
     """The best quota for ``aside`` while the others share the rest in hull order.
 
     Greedy on hulls stalls where one deployment's value sits behind a long convex stretch (a
@@ -279,7 +281,9 @@ def _push(offers: list[tuple[float, int, str, int]], offer: tuple[float, int] | 
         heapq.heappush(offers, (-gain, rank, name, units))
 
 
-def _spread(demands: Mapping[str, Demand], quotas: dict[str, int], free: int, current: Mapping[str, int] | None) -> None:
+def _spread(
+    demands: Mapping[str, Demand], quotas: dict[str, int], free: int, current: Mapping[str, int] | None
+) -> None:
     """Hand out capacity that gains nothing: back toward ``current`` first, then evenly, within ``max``."""
 
     def room(name: str) -> float:

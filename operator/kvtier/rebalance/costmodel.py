@@ -86,28 +86,51 @@ class CostModel:
     storage_read_bytes_per_second: float
 
     def __post_init__(self) -> None:
-        if min(self.flops_per_second, self.attention_flops_per_second, self.storage_read_bytes_per_second) <= 0 \
-                or self.layers < 1:
+        if (
+            min(self.flops_per_second, self.attention_flops_per_second, self.storage_read_bytes_per_second) <= 0
+            or self.layers < 1
+        ):
             raise ValueError("FLOP/s and storage bandwidth must be > 0, layers >= 1")
 
     @classmethod
     def of(cls, shape: ModelShape, gpus: ReplicaGPUs, storage_read_bytes_per_second: float) -> CostModel:
-        return cls(2 * shape.active_params, 2 * shape.layers * shape.q_width, gpus.flops, gpus.attention_flops,
-                   shape.kv_bytes_per_token, shape.layers, storage_read_bytes_per_second)
+        return cls(
+            2 * shape.active_params,
+            2 * shape.layers * shape.q_width,
+            gpus.flops,
+            gpus.attention_flops,
+            shape.kv_bytes_per_token,
+            shape.layers,
+            storage_read_bytes_per_second,
+        )
 
     @classmethod
-    def linear(cls, prefill_tokens_per_second: float, kv_bytes_per_token: int,
-               storage_read_bytes_per_second: float, layers: int = 80) -> CostModel:
+    def linear(
+        cls,
+        prefill_tokens_per_second: float,
+        kv_bytes_per_token: int,
+        storage_read_bytes_per_second: float,
+        layers: int = 80,
+    ) -> CostModel:
         """No attention term: every token at ``prefill_tokens_per_second`` (the scenario format's model)."""
-        return cls(1.0, 0.0, prefill_tokens_per_second, prefill_tokens_per_second, kv_bytes_per_token, layers,
-                   storage_read_bytes_per_second)
+        return cls(
+            1.0,
+            0.0,
+            prefill_tokens_per_second,
+            prefill_tokens_per_second,
+            kv_bytes_per_token,
+            layers,
+            storage_read_bytes_per_second,
+        )
 
     def prefill_seconds(self, start: float, end: float) -> float:
         """GPU seconds to prefill tokens ``[start, end)`` on top of a cached ``[0, start)``."""
         if end <= start:
             return 0.0
-        return (self.flops_per_token * (end - start) / self.flops_per_second
-                + self.attention_flops * (end * end - start * start) / self.attention_flops_per_second)
+        return (
+            self.flops_per_token * (end - start) / self.flops_per_second
+            + self.attention_flops * (end * end - start * start) / self.attention_flops_per_second
+        )
 
     def load_seconds(self, tokens: float, bytes_per_second: float | None = None) -> float:
         """Seconds to read ``tokens`` of KV from storage (or at ``bytes_per_second``)."""
@@ -122,12 +145,14 @@ class CostModel:
 
 #: LLaMA-3-70B (config.json of meta-llama/Meta-Llama-3-70B): 70.6e9 parameters, 80 layers, hidden
 #: 8,192, 64 query heads and 8 KV heads of 128; fp16 KV: 327,680 bytes a token.
-LLAMA3_70B = ModelShape("llama-3-70b", active_params=70.6e9, layers=80, hidden=8192, attention_heads=64,
-                        kv_heads=8, head_dim=128)
+LLAMA3_70B = ModelShape(
+    "llama-3-70b", active_params=70.6e9, layers=80, hidden=8192, attention_heads=64, kv_heads=8, head_dim=128
+)
 #: The seed's 480B MoE (Qwen3-Coder-480B-A35B-Instruct, config.json): 35e9 active parameters,
 #: 62 layers, hidden 6,144, 96 query heads and 8 KV heads of 128; bf16 KV: 253,952 bytes a token.
-QWEN3_CODER_480B = ModelShape("qwen3-coder-480b-a35b", active_params=35e9, layers=62, hidden=6144,
-                              attention_heads=96, kv_heads=8, head_dim=128)
+QWEN3_CODER_480B = ModelShape(
+    "qwen3-coder-480b-a35b", active_params=35e9, layers=62, hidden=6144, attention_heads=96, kv_heads=8, head_dim=128
+)
 
 #: Dense peaks from the vendors' data sheets (FLOP/s, without sparsity); efficiency 0.4, one stated
 #: assumption for long, compute-bound prefills (docs/cost-model.md), not tuned.

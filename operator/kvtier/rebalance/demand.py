@@ -124,8 +124,9 @@ class DemandBook:
         for pod in set(replicas) - set(pods):
             del replicas[pod]
 
-    def estimate(self, key: DeploymentKey, now: float, *, replicas: int, units: int, geometry: Geometry,
-                 half_life_seconds: float) -> Estimate:
+    def estimate(
+        self, key: DeploymentKey, now: float, *, replicas: int, units: int, geometry: Geometry, half_life_seconds: float
+    ) -> Estimate:
         """The deployment's curve over its total quota of 0..`units` units (stale when no replica is fresh)."""
         curves, confidences, rates, sources = [], [], [], set()
         for replica in self._replicas.get(key, {}).values():
@@ -147,8 +148,9 @@ class DemandBook:
             access_tokens_per_second=scale * sum(rates),
         )
 
-    def _replica_estimate(self, replica: _Replica, now: float, units: int, geometry: Geometry,
-                          half_life: float) -> Estimate:
+    def _replica_estimate(
+        self, replica: _Replica, now: float, units: int, geometry: Geometry, half_life: float
+    ) -> Estimate:
         settings = (half_life, geometry.unit_bytes)
         if replica.estimator is None or replica.settings != settings:
             replica.estimator = DemandEstimator(half_life, self.stale_seconds)
@@ -162,5 +164,10 @@ class DemandBook:
             counters = counter_reading_of(snapshot, time, geometry.unit_bytes)
             if counters is not None:
                 estimator.observe_counters(counters)
-        return estimator.estimate(now, units, unit_chunks=geometry.unit_bytes / geometry.chunk_bytes,
-                                  chunk_tokens=geometry.chunk_tokens, front_chunks=geometry.front_chunks)
+        return estimator.estimate(
+            now,
+            units,
+            unit_chunks=geometry.unit_bytes / geometry.chunk_bytes,
+            chunk_tokens=geometry.chunk_tokens,
+            front_chunks=geometry.front_chunks,
+        )

@@ -278,25 +278,34 @@ class DemandEstimator:
         """Share of the window's weight that was observed (1 after long uninterrupted scraping)."""
         return observed * math.log(2) / self.half_life
 
-    def _from_probe(self, now: float, units: int, unit_chunks: float, chunk_tokens: float,
-                    front_chunks: float) -> Estimate:
+    def _from_probe(
+        self, now: float, units: int, unit_chunks: float, chunk_tokens: float, front_chunks: float
+    ) -> Estimate:
         assert self._probe is not None
         (total, lookups, *buckets), observed = self._probe_window.decayed(now)
         per_second = chunk_tokens / observed
         hits = HitCurve(self._probe.bounds, tuple(buckets), total)
         curve = tuple(value * per_second for value in storage_curve(hits, units, unit_chunks, front_chunks))
-        return Estimate(curve, confidence(self._coverage(observed), lookups, self.confidence_lookups), False,
-                        "probe", total * per_second)
+        return Estimate(
+            curve,
+            confidence(self._coverage(observed), lookups, self.confidence_lookups),
+            False,
+            "probe",
+            total * per_second,
+        )
 
     def _from_counters(self, now: float, units: int) -> Estimate:
         (requested, lookups), observed = self._counter_window.decayed(now)
         rate = requested / observed
-        points = [(quota, ratio, weight * 0.5 ** ((now - time) / self.half_life))
-                  for time, quota, ratio, weight in self._points]
+        points = [
+            (quota, ratio, weight * 0.5 ** ((now - time) / self.half_life))
+            for time, quota, ratio, weight in self._points
+        ]
         fit = concave_fit(points)
         curve = tuple(rate * interpolate(fit, quota) for quota in range(units + 1))
-        return Estimate(curve, confidence(self._coverage(observed), lookups, self.confidence_lookups), False,
-                        "counters", rate)
+        return Estimate(
+            curve, confidence(self._coverage(observed), lookups, self.confidence_lookups), False, "counters", rate
+        )
 
 
 def deployment_curve(replica_curves: Sequence[Sequence[float]], replicas: int, units: int) -> list[float]:

@@ -118,13 +118,26 @@ class Decision:
 
 def actuation_order(current: Mapping[str, int], target: Mapping[str, int]) -> tuple[QuotaChange, ...]:
     """The quota changes from ``current`` to ``target``: every shrink (largest first), then every grow."""
-    changes = [QuotaChange(name, current.get(name, 0), target[name]) for name in sorted(target)
-               if target[name] != current.get(name, 0)]
-    return tuple(sorted(changes, key=lambda change: (change.to_units > change.from_units,
-                                                     -abs(change.to_units - change.from_units), change.name)))
+    changes = [
+        QuotaChange(name, current.get(name, 0), target[name])
+        for name in sorted(target)
+        if target[name] != current.get(name, 0)
+    ]
+    return tuple(
+        sorted(
+            changes,
+            key=lambda change: (
+                change.to_units > change.from_units,
+                -abs(change.to_units - change.from_units),
+                change.name,
+            ),
+        )
+    )
 
 
-def proportional_split(shares: Mapping[str, float], capacity: int, bounds: Mapping[str, tuple[int, int | None]]) -> dict[str, int]:
+def proportional_split(
+    shares: Mapping[str, float], capacity: int, bounds: Mapping[str, tuple[int, int | None]]
+) -> dict[str, int]:
     """``capacity`` in integer parts proportional to ``shares`` within ``[min, max]`` bounds (water-filling).
 
     A deployment held at a bound keeps it and the rest is shared again; without any share the
@@ -172,33 +185,82 @@ def decide(
     since_move = math.inf if last_move is None else now - last_move
     cooling = since_move < settings.cooldown_seconds
     if settings.policy == "Static":
-        proposed = {name: state.current if state.request_units is None else state.request_units
-                    for name, state in deployments.items()}
+        proposed = {
+            name: state.current if state.request_units is None else state.request_units
+            for name, state in deployments.items()
+        }
         changes = actuation_order(current, proposed)
         moved = moved_units(current, proposed)
         if changes and settings.dry_run:
-            return Decision("dry-run", current, proposed, changes, 0.0, 0.0, 0.0, moved_units=moved,
-                            reason="dry run: policy Static would bring every deployment back to its request")
+            return Decision(
+                "dry-run",
+                current,
+                proposed,
+                changes,
+                0.0,
+                0.0,
+                0.0,
+                moved_units=moved,
+                reason="dry run: policy Static would bring every deployment back to its request",
+            )
         if changes and cooling:
-            return Decision("cooldown", current, proposed, changes, 0.0, 0.0, 0.0, moved_units=moved,
-                            reason=f"policy Static, but the pool moved {since_move:g}s ago")
-        return Decision("static", proposed, proposed, changes, 0.0, 0.0, 0.0,
-                        reason="policy Static: every deployment at its request", moved_units=moved)
+            return Decision(
+                "cooldown",
+                current,
+                proposed,
+                changes,
+                0.0,
+                0.0,
+                0.0,
+                moved_units=moved,
+                reason=f"policy Static, but the pool moved {since_move:g}s ago",
+            )
+        return Decision(
+            "static",
+            proposed,
+            proposed,
+            changes,
+            0.0,
+            0.0,
+            0.0,
+            reason="policy Static: every deployment at its request",
+            moved_units=moved,
+        )
     frozen = tuple(sorted(name for name, state in deployments.items() if state.frozen))
     active = {name: state for name, state in deployments.items() if not state.frozen}
     if not active:
-        return Decision("frozen", current, current, (), 0.0, 0.0, 0.0, frozen,
-                        reason="every deployment's metrics are stale or missing")
+        return Decision(
+            "frozen",
+            current,
+            current,
+            (),
+            0.0,
+            0.0,
+            0.0,
+            frozen,
+            reason="every deployment's metrics are stale or missing",
+        )
     free = capacity - sum(deployments[name].current for name in frozen)
     if sum(state.min_units for state in active.values()) > free:
-        return Decision("frozen", current, current, (), 0.0, 0.0, 0.0, frozen,
-                        reason=f"the minimums need more than the {free} units the frozen deployments leave")
+        return Decision(
+            "frozen",
+            current,
+            current,
+            (),
+            0.0,
+            0.0,
+            0.0,
+            frozen,
+            reason=f"the minimums need more than the {free} units the frozen deployments leave",
+        )
     step = math.floor(settings.max_step * capacity)
     now_active = {name: state.current for name, state in active.items()}
     demands = _demands(active, step, settings.interval_seconds * WARMUP_HORIZON_INTERVALS)
     if settings.policy == "Proportional":
-        shares = {name: state.weight * state.estimate.access_tokens_per_second  # type: ignore[union-attr]  # active ones have one
-                  for name, state in active.items()}
+        shares = {
+            name: state.weight * state.estimate.access_tokens_per_second  # type: ignore[union-attr]  # active ones have one
+            for name, state in active.items()
+        }
         full = proportional_split(shares, free, {name: (d.min_units, d.max_units) for name, d in demands.items()})
     else:
         full = allocate(demands, free, now_active)

@@ -42,8 +42,9 @@ class LivePool:
         return self.capacity_bytes // LIVE_BLOCK_BYTES
 
 
-def live_pools(pools: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping[str, Any]],
-               cost: CostModel) -> list[LivePool]:
+def live_pools(
+    pools: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping[str, Any]], cost: CostModel
+) -> list[LivePool]:
     """Pools and their deployments' curves from the objects' bodies (pure); unparseable objects are skipped."""
     by_pool: dict[str, list[InferenceDeployment]] = {}
     for body in deployments:
@@ -62,8 +63,9 @@ def live_pools(pools: Iterable[Mapping[str, Any]], deployments: Iterable[Mapping
             continue
         profiles, without = [], []
         pool_name = pool.metadata.name or ""  # a parsed pool has its name; this satisfies the type
-        for deployment in sorted(by_pool.get(pool_name, []),
-                                 key=lambda d: (d.metadata.namespace or "", d.metadata.name)):
+        for deployment in sorted(
+            by_pool.get(pool_name, []), key=lambda d: (d.metadata.namespace or "", d.metadata.name)
+        ):
             name = f"{deployment.metadata.namespace}/{deployment.metadata.name}"
             profile = _profile(name, deployment, cost)
             if isinstance(profile, str):

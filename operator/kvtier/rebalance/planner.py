@@ -105,8 +105,13 @@ class TenantProfile:
         min_units = -(-self.min_blocks // unit_blocks)
         if max_units is not None:
             max_units = max(max_units, min_units)
-        return Demand(curve, hit_value=self.cost.saved_per_hit_token(self.mean_prompt_tokens), weight=self.weight,
-                      min_units=min_units, max_units=max_units)
+        return Demand(
+            curve,
+            hit_value=self.cost.saved_per_hit_token(self.mean_prompt_tokens),
+            weight=self.weight,
+            min_units=min_units,
+            max_units=max_units,
+        )
 
 
 @dataclass(frozen=True)
@@ -143,14 +148,26 @@ class CurveProfile:
     def demand(self, units: int, unit_blocks: int) -> Demand:
         """Hit tokens per second at 0..units units, each worth the GPU seconds it saves."""
         curve = [self.prompt_tokens_per_second * self.hit_ratio(k * unit_blocks) for k in range(units + 1)]
-        max_units = None if self.max_blocks is None else max(self.max_blocks // unit_blocks,
-                                                             -(-self.min_blocks // unit_blocks))
-        return Demand(curve, hit_value=self.saved_per_hit_token, weight=self.weight,
-                      min_units=-(-self.min_blocks // unit_blocks), max_units=max_units)
+        max_units = (
+            None if self.max_blocks is None else max(self.max_blocks // unit_blocks, -(-self.min_blocks // unit_blocks))
+        )
+        return Demand(
+            curve,
+            hit_value=self.saved_per_hit_token,
+            weight=self.weight,
+            min_units=-(-self.min_blocks // unit_blocks),
+            max_units=max_units,
+        )
 
 
-def evaluate_curves(profiles: Sequence[CurveProfile], quotas: Mapping[str, int], *, block_bytes: int,
-                    read_bandwidth: float | None = None, chunk_tokens: int = 256) -> CapacityOutcome:
+def evaluate_curves(
+    profiles: Sequence[CurveProfile],
+    quotas: Mapping[str, int],
+    *,
+    block_bytes: int,
+    read_bandwidth: float | None = None,
+    chunk_tokens: int = 256,
+) -> CapacityOutcome:
     """An hour at the published rates under a split (quotas in blocks): token hits from the curves (the
     curves count lookups, read here as tokens), blocks as ``chunk_tokens`` tokens; no TTFT, and the
     read rate is the mean (the busiest minute is not published)."""
@@ -160,15 +177,27 @@ def evaluate_curves(profiles: Sequence[CurveProfile], quotas: Mapping[str, int],
         prompt = profile.prompt_tokens_per_second * 3600
         hits = prompt * profile.hit_ratio(quota)
         per_tenant[profile.name] = TenantOutcome(
-            quota, 0, round(prompt / chunk_tokens), round(hits / chunk_tokens), round(prompt), round(hits),
-            hits * profile.saved_per_hit_token, hits * profile.kv_bytes_per_token)
+            quota,
+            0,
+            round(prompt / chunk_tokens),
+            round(hits / chunk_tokens),
+            round(prompt),
+            round(hits),
+            hits * profile.saved_per_hit_token,
+            hits * profile.kv_bytes_per_token,
+        )
     read_rate = sum(t.read_bytes for t in per_tenant.values()) / 3600
     return CapacityOutcome(
-        capacity_blocks=sum(quotas.values()), capacity_bytes=sum(quotas.values()) * block_bytes,
+        capacity_blocks=sum(quotas.values()),
+        capacity_bytes=sum(quotas.values()) * block_bytes,
         per_tenant=per_tenant,
         gpu_seconds_saved_per_hour=sum(t.gpu_prefill_seconds_saved for t in per_tenant.values()),
-        ttft_p50_seconds=None, ttft_p99_seconds=None,
-        read_bytes_per_second_mean=read_rate, read_bytes_per_second_peak=read_rate, read_bandwidth=read_bandwidth)
+        ttft_p50_seconds=None,
+        ttft_p99_seconds=None,
+        read_bytes_per_second_mean=read_rate,
+        read_bytes_per_second_peak=read_rate,
+        read_bandwidth=read_bandwidth,
+    )
 
 
 @dataclass(frozen=True)
@@ -212,8 +241,9 @@ class PriceTable:
     amortization_years: float = 3.0
     """Over how long a purchase is spread when priced per saved GPU-hour."""
 
-    def choose(self, capacity_bytes: int, read_bytes_per_second: float,
-               read_bandwidth: float | None = None) -> tuple[PriceOption, float]:
+    def choose(
+        self, capacity_bytes: int, read_bytes_per_second: float, read_bandwidth: float | None = None
+    ) -> tuple[PriceOption, float]:
         """The cheapest option whose read bandwidth (the pool's when given, else its arrays') carries
         ``read_bytes_per_second``; the cheapest of all when none does."""
 
@@ -303,12 +333,18 @@ class CapacityOutcome:
             "saturated": self.saturated,
             "price": self.price,
             "price_option": self.price_option,
-            "price_per_saved_gpu_hour": (self.price_per_saved_gpu_hour(amortization_years)
-                                         if amortization_years is not None else None),
+            "price_per_saved_gpu_hour": (
+                self.price_per_saved_gpu_hour(amortization_years) if amortization_years is not None else None
+            ),
             "per_tenant": {
-                name: {"quota_blocks": t.quota_blocks, "block_hit_ratio": t.block_hit_ratio,
-                       "token_hit_ratio": t.token_hit_ratio, "hit_blocks": t.hit_blocks,
-                       "accessed_blocks": t.accessed_blocks, "gpu_prefill_seconds_saved": t.gpu_prefill_seconds_saved}
+                name: {
+                    "quota_blocks": t.quota_blocks,
+                    "block_hit_ratio": t.block_hit_ratio,
+                    "token_hit_ratio": t.token_hit_ratio,
+                    "hit_blocks": t.hit_blocks,
+                    "accessed_blocks": t.accessed_blocks,
+                    "gpu_prefill_seconds_saved": t.gpu_prefill_seconds_saved,
+                }
                 for name, t in self.per_tenant.items()
             },
         }
@@ -324,8 +360,9 @@ class Targets:
 
     @property
     def any(self) -> bool:
-        return any(value is not None for value in (self.hit_ratio, self.ttft_p50_seconds,
-                                                   self.max_price_per_saved_gpu_hour))
+        return any(
+            value is not None for value in (self.hit_ratio, self.ttft_p50_seconds, self.max_price_per_saved_gpu_hour)
+        )
 
 
 @dataclass(frozen=True)
@@ -343,14 +380,22 @@ def split(profiles: Sequence[TenantProfile] | Sequence[CurveProfile], capacity_b
     return {name: quota * unit_blocks for name, quota in quotas.items()}
 
 
-def priced(outcome: CapacityOutcome, capacity_blocks: int, block_bytes: int, read_bandwidth: float | None,
-           prices: PriceTable | None) -> CapacityOutcome:
+def priced(
+    outcome: CapacityOutcome,
+    capacity_blocks: int,
+    block_bytes: int,
+    read_bandwidth: float | None,
+    prices: PriceTable | None,
+) -> CapacityOutcome:
     """``outcome`` reported as the capacity bought (a split may leave less than a unit unassigned),
     priced by the option :meth:`PriceTable.choose` picks, checked against that option's arrays'
     read bandwidth when the pool's is not given."""
     capacity_bytes = capacity_blocks * block_bytes
-    changes: dict[str, Any] = {"capacity_blocks": capacity_blocks, "capacity_bytes": capacity_bytes,
-                               "read_bandwidth": read_bandwidth}
+    changes: dict[str, Any] = {
+        "capacity_blocks": capacity_blocks,
+        "capacity_bytes": capacity_bytes,
+        "read_bandwidth": read_bandwidth,
+    }
     if prices is not None:
         option, price = prices.choose(capacity_bytes, outcome.read_bytes_per_second_peak, read_bandwidth)
         changes.update(price=price, price_option=option.name)
@@ -365,8 +410,15 @@ Profiles = Sequence[TenantProfile] | Sequence[CurveProfile]
 Evaluate = Callable[..., CapacityOutcome]
 
 
-def plan(profiles: Profiles, capacities_blocks: Sequence[int], *, evaluate: Evaluate, block_bytes: int,
-         read_bandwidth: float | None = None, prices: PriceTable | None = None) -> list[CapacityOutcome]:
+def plan(
+    profiles: Profiles,
+    capacities_blocks: Sequence[int],
+    *,
+    evaluate: Evaluate,
+    block_bytes: int,
+    read_bandwidth: float | None = None,
+    prices: PriceTable | None = None,
+) -> list[CapacityOutcome]:
     """Every capacity (ascending), divided by :func:`split`, evaluated, priced when ``prices``."""
     if not profiles:
         raise ValueError("nothing to plan: no tenants")
@@ -380,9 +432,17 @@ def plan(profiles: Profiles, capacities_blocks: Sequence[int], *, evaluate: Eval
     return outcomes
 
 
-def refine(profiles: Profiles, outcomes: Sequence[CapacityOutcome], targets: Targets, *, evaluate: Evaluate,
-           block_bytes: int, read_bandwidth: float | None = None, prices: PriceTable | None = None,
-           steps: int = 4) -> list[CapacityOutcome]:
+def refine(
+    profiles: Profiles,
+    outcomes: Sequence[CapacityOutcome],
+    targets: Targets,
+    *,
+    evaluate: Evaluate,
+    block_bytes: int,
+    read_bandwidth: float | None = None,
+    prices: PriceTable | None = None,
+    steps: int = 4,
+) -> list[CapacityOutcome]:
     """``outcomes`` plus up to ``steps`` bisections between the pick and the largest capacity below it
     that misses, so the pick lands within 1/2^steps of that gap (hit ratio and savings grow with
     capacity: the allocator never predicts less for more)."""
@@ -396,9 +456,20 @@ def refine(profiles: Profiles, outcomes: Sequence[CapacityOutcome], targets: Tar
         middle = (below[-1].capacity_blocks + chosen.capacity_blocks) // 2
         if middle <= below[-1].capacity_blocks:
             break
-        outcomes = sorted([*outcomes, *plan(profiles, [middle], evaluate=evaluate, block_bytes=block_bytes,
-                                            read_bandwidth=read_bandwidth, prices=prices)],
-                          key=lambda o: o.capacity_blocks)
+        outcomes = sorted(
+            [
+                *outcomes,
+                *plan(
+                    profiles,
+                    [middle],
+                    evaluate=evaluate,
+                    block_bytes=block_bytes,
+                    read_bandwidth=read_bandwidth,
+                    prices=prices,
+                ),
+            ],
+            key=lambda o: o.capacity_blocks,
+        )
     return outcomes
 
 
@@ -418,18 +489,25 @@ def pick(outcomes: Sequence[CapacityOutcome], targets: Targets, amortization_yea
             note = "; reads would saturate the pool's read bandwidth" if outcome.saturated else ""
             return Pick(outcome, "smallest capacity with " + ", ".join(reasons) + note)
     if targets.ttft_p50_seconds is not None and all(o.ttft_p50_seconds is None for o in outcomes):
-        return Pick(None, "--target-ttft-p50 needs requests to queue (--scenario or --trace); published curves "
-                          "carry no TTFT")
+        return Pick(
+            None, "--target-ttft-p50 needs requests to queue (--scenario or --trace); published curves carry no TTFT"
+        )
     ordered = sorted(outcomes, key=lambda o: o.capacity_blocks)
     best_ratio = max(o.block_hit_ratio for o in ordered)
     best = next(o for o in ordered if o.block_hit_ratio >= best_ratio - 1e-9)
     ttfts = [o.ttft_p50_seconds for o in outcomes if o.ttft_p50_seconds is not None]
     ttft = f", TTFT p50 {min(ttfts):.3g} s at best" if ttfts else ""
-    advice = ("try larger --capacities" if best is ordered[-1] else
-              "more capacity does not help: the hit ratio stops growing there (the curves' reach, or the "
-              "deployments' max)")
-    return Pick(None, "no capacity tried meets " + _describe(targets) + f" (best block hit ratio "
-                f"{best.block_hit_ratio:.3f}, from {best.capacity_blocks:,} blocks{ttft}); {advice}")
+    advice = (
+        "try larger --capacities"
+        if best is ordered[-1]
+        else "more capacity does not help: the hit ratio stops growing there (the curves' reach, or the "
+        "deployments' max)"
+    )
+    return Pick(
+        None,
+        "no capacity tried meets " + _describe(targets) + f" (best block hit ratio "
+        f"{best.block_hit_ratio:.3f}, from {best.capacity_blocks:,} blocks{ttft}); {advice}",
+    )
 
 
 def _meets(outcome: CapacityOutcome, targets: Targets, amortization_years: float) -> list[str] | None:
@@ -446,8 +524,10 @@ def _meets(outcome: CapacityOutcome, targets: Targets, amortization_years: float
         per_hour = outcome.price_per_saved_gpu_hour(amortization_years)
         if per_hour is None or per_hour > targets.max_price_per_saved_gpu_hour:
             return None
-        reasons.append(f"price per saved GPU-hour {per_hour:.3g} <= {targets.max_price_per_saved_gpu_hour} "
-                       f"(over {amortization_years:g} years)")
+        reasons.append(
+            f"price per saved GPU-hour {per_hour:.3g} <= {targets.max_price_per_saved_gpu_hour} "
+            f"(over {amortization_years:g} years)"
+        )
     return reasons
 
 
@@ -488,13 +568,18 @@ def price_table(data: Mapping[str, Any]) -> PriceTable:
             if "perArray" in row:
                 per_array = row["perArray"]
                 bandwidth = per_array.get("readBandwidth")
-                parsed.append(PriceOption(
-                    str(row["name"]), price_per_array=float(per_array["price"]),
-                    array_bytes=parse_quantity(per_array["capacity"]),
-                    array_read_bytes_per_second=None if bandwidth is None else float(parse_quantity(bandwidth))))
+                parsed.append(
+                    PriceOption(
+                        str(row["name"]),
+                        price_per_array=float(per_array["price"]),
+                        array_bytes=parse_quantity(per_array["capacity"]),
+                        array_read_bytes_per_second=None if bandwidth is None else float(parse_quantity(bandwidth)),
+                    )
+                )
             else:
-                parsed.append(PriceOption(str(row["name"]), price_per_tb=float(row["perTB"])
-                                          if "perTB" in row else None))
+                parsed.append(
+                    PriceOption(str(row["name"]), price_per_tb=float(row["perTB"]) if "perTB" in row else None)
+                )
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise ValueError(f"{where} ({row.get('name')}): {error}") from error
     return PriceTable(str(data.get("currency", "")), tuple(parsed), float(data.get("amortizationYears", 3.0)))

@@ -24,13 +24,23 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e9:.1f}"
 
 
-def table(outcomes: Sequence[CapacityOutcome], current_blocks: int, chosen: Pick,
-          prices: PriceTable | None = None) -> str:
+def table(
+    outcomes: Sequence[CapacityOutcome], current_blocks: int, chosen: Pick, prices: PriceTable | None = None
+) -> str:
     """The plan as text: one row per capacity, then each tenant's share and hit ratios, then the pick."""
     amortization = prices.amortization_years if prices is not None else None
     currency = prices.currency if prices is not None else ""
-    header = ["capacity", "x now", "block hit", "token hit", "GPU s saved/h", "TTFT p50 s", "TTFT p99 s",
-              "reads GB/s mean/peak", "read bw GB/s"]
+    header = [
+        "capacity",
+        "x now",
+        "block hit",
+        "token hit",
+        "GPU s saved/h",
+        "TTFT p50 s",
+        "TTFT p99 s",
+        "reads GB/s mean/peak",
+        "read bw GB/s",
+    ]
     if prices is not None:
         header += [f"price {currency}", f"{currency}/saved GPU-h"]
     rows = []
@@ -50,8 +60,10 @@ def table(outcomes: Sequence[CapacityOutcome], current_blocks: int, chosen: Pick
         ]
         if prices is not None:
             per_hour = outcome.price_per_saved_gpu_hour(amortization)  # type: ignore[arg-type]  # set whenever prices are
-            row += [f"{outcome.price:,.0f}" if outcome.price is not None else "-",
-                    "-" if per_hour is None else f"{per_hour:,.2f}"]
+            row += [
+                f"{outcome.price:,.0f}" if outcome.price is not None else "-",
+                "-" if per_hour is None else f"{per_hour:,.2f}",
+            ]
         rows.append(row)
     lines = _columns(header, rows)
     tenants = list(outcomes[0].per_tenant) if outcomes else []
@@ -61,8 +73,10 @@ def table(outcomes: Sequence[CapacityOutcome], current_blocks: int, chosen: Pick
     lines += _columns(tenant_header, tenant_rows)
     if prices is not None:
         lines.append("")
-        lines.append(f"prices: the cheapest option whose read bandwidth carries the peak minute; per saved GPU-hour "
-                     f"over {amortization:g} years")
+        lines.append(
+            f"prices: the cheapest option whose read bandwidth carries the peak minute; per saved GPU-hour "
+            f"over {amortization:g} years"
+        )
         runs: list[list[CapacityOutcome]] = []
         for outcome in outcomes:
             if runs and runs[-1][-1].price_option == outcome.price_option:
@@ -74,8 +88,10 @@ def table(outcomes: Sequence[CapacityOutcome], current_blocks: int, chosen: Pick
             lines.append(f"  {span}: {run[0].price_option}")
     lines.append("")
     if chosen.capacity is not None:
-        lines.append(f"pick: {_bytes(chosen.capacity.capacity_bytes)} ({chosen.capacity.capacity_blocks:,} blocks): "
-                     f"{chosen.reason}")
+        lines.append(
+            f"pick: {_bytes(chosen.capacity.capacity_bytes)} ({chosen.capacity.capacity_blocks:,} blocks): "
+            f"{chosen.reason}"
+        )
     else:
         lines.append(f"pick: none: {chosen.reason}")
     return "\n".join(lines)
@@ -92,25 +108,43 @@ def _columns(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return ["  ".join(cell.rjust(width) for cell, width in zip(line, widths)).rstrip() for line in [header, *rows]]
 
 
-def to_json(outcomes: Sequence[CapacityOutcome], current_blocks: int, block_bytes: int, targets: Targets,
-            chosen: Pick, prices: PriceTable | None = None) -> dict[str, Any]:
+def to_json(
+    outcomes: Sequence[CapacityOutcome],
+    current_blocks: int,
+    block_bytes: int,
+    targets: Targets,
+    chosen: Pick,
+    prices: PriceTable | None = None,
+) -> dict[str, Any]:
     amortization = prices.amortization_years if prices is not None else None
     return {
         "current": {"capacity_blocks": current_blocks, "capacity_bytes": current_blocks * block_bytes},
         "block_bytes": block_bytes,
-        "targets": {"hit_ratio": targets.hit_ratio, "ttft_p50_seconds": targets.ttft_p50_seconds,
-                    "max_price_per_saved_gpu_hour": targets.max_price_per_saved_gpu_hour},
+        "targets": {
+            "hit_ratio": targets.hit_ratio,
+            "ttft_p50_seconds": targets.ttft_p50_seconds,
+            "max_price_per_saved_gpu_hour": targets.max_price_per_saved_gpu_hour,
+        },
         "currency": prices.currency if prices is not None else None,
         "amortization_years": amortization,
         "capacities": [outcome.to_dict(amortization) for outcome in outcomes],
-        "pick": {"capacity_blocks": chosen.capacity.capacity_blocks if chosen.capacity else None,
-                 "capacity_bytes": chosen.capacity.capacity_bytes if chosen.capacity else None,
-                 "reason": chosen.reason},
+        "pick": {
+            "capacity_blocks": chosen.capacity.capacity_blocks if chosen.capacity else None,
+            "capacity_bytes": chosen.capacity.capacity_bytes if chosen.capacity else None,
+            "reason": chosen.reason,
+        },
     }
 
 
-def plot(outcomes: Sequence[CapacityOutcome], current_blocks: int, block_bytes: int, targets: Targets,
-         chosen: Pick, title: str, path: str | os.PathLike[str]) -> None:
+def plot(
+    outcomes: Sequence[CapacityOutcome],
+    current_blocks: int,
+    block_bytes: int,
+    targets: Targets,
+    chosen: Pick,
+    title: str,
+    path: str | os.PathLike[str],
+) -> None:
     """Write a PNG: block and token hit ratio (left axis) and saved GPU-hours per hour (right axis)
     against capacity (TiB, log scale), the current capacity and the pick marked."""
     from matplotlib.figure import Figure

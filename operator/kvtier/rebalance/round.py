@@ -79,11 +79,21 @@ def members(pool: KVPool, status: KVPoolStatus, deployments: Iterable[Mapping[st
             continue
         # What a replica can hold: `max`, and what its volume offers LMCache (the same cap the
         # InferenceDeployment controller applies when it sets the quota each resync).
-        binding = StorageBinding(quota=storage.effective_max,
-                                 namespaces=tuple(namespaces[u] for u in allocation.volumes if u in namespaces))
+        binding = StorageBinding(
+            quota=storage.effective_max, namespaces=tuple(namespaces[u] for u in allocation.volumes if u in namespaces)
+        )
         cap = kv_volume(deployment, pool, binding).quota
-        found.append(Member(allocation.uid, dict(body), deployment, allocation.replicas, allocation.quota, cap,
-                            min(storage.request, cap)))
+        found.append(
+            Member(
+                allocation.uid,
+                dict(body),
+                deployment,
+                allocation.replicas,
+                allocation.quota,
+                cap,
+                min(storage.request, cap),
+            )
+        )
     return found
 
 
@@ -103,17 +113,25 @@ def per_replica_quota(units: int, unit: int, member: Member) -> int:
     return max(min(quota, member.cap), min(storage.effective_min, member.cap))
 
 
-def _state(book: DemandBook, member: Member, unit: int, capacity_units: int, settings: LoopSettings,
-           now: float) -> DeploymentState:
+def _state(
+    book: DemandBook, member: Member, unit: int, capacity_units: int, settings: LoopSettings, now: float
+) -> DeploymentState:
     spec = member.deployment.spec
     storage = spec.kv_cache.storage
     assert storage is not None  # members() keeps only deployments with storage
     chunk = chunk_storage_bytes(member.deployment)
     cpu = spec.kv_cache.cpu.size if spec.kv_cache.cpu is not None else 0
-    geometry = Geometry(unit_bytes=unit, chunk_bytes=chunk, chunk_tokens=spec.kv_cache.chunk_size,
-                        front_chunks=cpu / chunk)
-    estimate = book.estimate(member.key, now, replicas=member.replicas, units=capacity_units, geometry=geometry,
-                             half_life_seconds=HALF_LIFE_INTERVALS * settings.interval_seconds)
+    geometry = Geometry(
+        unit_bytes=unit, chunk_bytes=chunk, chunk_tokens=spec.kv_cache.chunk_size, front_chunks=cpu / chunk
+    )
+    estimate = book.estimate(
+        member.key,
+        now,
+        replicas=member.replicas,
+        units=capacity_units,
+        geometry=geometry,
+        half_life_seconds=HALF_LIFE_INTERVALS * settings.interval_seconds,
+    )
     current = units_held(member, unit)
     return DeploymentState(
         current=current,
@@ -144,8 +162,15 @@ class RoundPlan:
         return self.record.moves if self.record is not None else []
 
 
-def plan_round(pool: KVPool, status: KVPoolStatus, deployments: Iterable[Mapping[str, Any]], book: DemandBook,
-               now: float, last_move: float | None, decided_at: datetime) -> RoundPlan | None:
+def plan_round(
+    pool: KVPool,
+    status: KVPoolStatus,
+    deployments: Iterable[Mapping[str, Any]],
+    book: DemandBook,
+    now: float,
+    last_move: float | None,
+    decided_at: datetime,
+) -> RoundPlan | None:
     """Plan one round for `pool` (its ledger `status`, the `deployments` that name it); None when no
     admitted deployment takes part. `last_move` is the time of the pool's last applied move."""
     in_round = members(pool, status, deployments)
@@ -163,20 +188,32 @@ def plan_round(pool: KVPool, status: KVPoolStatus, deployments: Iterable[Mapping
     states = {label: _state(book, m, unit, capacity_units, settings, now) for label, m in by_label.items()}
     decision = decide(states, capacity_units, settings, now, last_move)
     if settings.policy == "Static":  # exactly the requests, not their rounding to units
-        quotas = {label: m.request if decision.proposed[label] != units_held(m, unit) else m.quota
-                  for label, m in by_label.items()}
+        quotas = {
+            label: m.request if decision.proposed[label] != units_held(m, unit) else m.quota
+            for label, m in by_label.items()
+        }
     else:
         quotas = {label: per_replica_quota(decision.proposed[label], unit, m) for label, m in by_label.items()}
-    moves = [QuotaMove(namespace=m.key[0], name=m.key[1], from_quota=m.quota, to_quota=quotas[label])
-             for label, m in by_label.items() if quotas[label] != m.quota]
+    moves = [
+        QuotaMove(namespace=m.key[0], name=m.key[1], from_quota=m.quota, to_quota=quotas[label])
+        for label, m in by_label.items()
+        if quotas[label] != m.quota
+    ]
     record = None
     if moves and decision.outcome in ("moved", "static", "dry-run"):
-        moved_bytes = sum(max(0, move.to_quota - move.from_quota) * by_label[f"{move.namespace}/{move.name}"].replicas
-                          for move in moves)
+        moved_bytes = sum(
+            max(0, move.to_quota - move.from_quota) * by_label[f"{move.namespace}/{move.name}"].replicas
+            for move in moves
+        )
         gain = decision.predicted_gain if math.isfinite(decision.predicted_gain) else 1.0
-        record = RebalanceRecord(time=decided_at, moved_bytes=moved_bytes, predicted_gain=gain,
-                                 reason=explain(decision, settings), dry_run=decision.outcome == "dry-run",
-                                 moves=moves)
+        record = RebalanceRecord(
+            time=decided_at,
+            moved_bytes=moved_bytes,
+            predicted_gain=gain,
+            reason=explain(decision, settings),
+            dry_run=decision.outcome == "dry-run",
+            moves=moves,
+        )
     else:  # nothing is applied: the quotas stay
         quotas = {label: m.quota for label, m in by_label.items()}
     return RoundPlan(decision, settings, by_label, quotas, record)
@@ -207,7 +244,8 @@ def _rate(tokens_per_second: float) -> str:
 
 def summary(record: RebalanceRecord) -> str:
     """The pool's Event for a round: what moved (or would have), each quota before and after, and why."""
-    moves = ", ".join(f"{m.namespace}/{m.name} {format_quantity(m.from_quota)}->{format_quantity(m.to_quota)}"
-                      for m in record.moves)
+    moves = ", ".join(
+        f"{m.namespace}/{m.name} {format_quantity(m.from_quota)}->{format_quantity(m.to_quota)}" for m in record.moves
+    )
     prefix = "dry run: would move" if record.dry_run else "moved"
     return f"{prefix} {format_quantity(record.moved_bytes)} (per-replica quotas {moves}): {record.reason}"

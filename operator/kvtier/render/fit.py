@@ -102,27 +102,34 @@ def check_fit(
 
 def _replicas_on(node: NodeResources, sizing: PodSizing) -> int:
     """How many replicas the node's allocatable holds at once."""
-    limits = [node.memory // sizing.memory if sizing.memory else None,
-              node.cpu_millis // sizing.cpu_millis if sizing.cpu_millis else None,
-              node.gpus // sizing.gpus if sizing.gpus else None]
+    limits = [
+        node.memory // sizing.memory if sizing.memory else None,
+        node.cpu_millis // sizing.cpu_millis if sizing.cpu_millis else None,
+        node.gpus // sizing.gpus if sizing.gpus else None,
+    ]
     known = [limit for limit in limits if limit is not None]
     return min(known) if known else 1 << 30
 
 
-def _whole_cluster_reasons(deployment: InferenceDeployment, sizing: PodSizing,
-                           fitting: list[NodeResources]) -> list[str]:
+def _whole_cluster_reasons(
+    deployment: InferenceDeployment, sizing: PodSizing, fitting: list[NodeResources]
+) -> list[str]:
     """Why a spec whose replica fits one node still cannot run: a tensor-parallel size that strands GPUs
     on every node, or more replicas than all the nodes hold at once (before any pod is created)."""
     reasons = []
     tp = deployment.spec.engine.tensor_parallel_size
     if sizing.gpus and not any(node.gpus % tp == 0 for node in fitting):
         counts = sorted({node.gpus for node in fitting})
-        reasons.append(f"spec.engine.tensorParallelSize {tp} does not divide the GPUs of any node that fits a "
-                       f"replica ({', '.join(map(str, counts))}): GPUs would be stranded and vLLM's ranks uneven; "
-                       f"use a divisor such as {max(d for d in range(1, counts[0] + 1) if counts[0] % d == 0 and d <= tp)}")
+        reasons.append(
+            f"spec.engine.tensorParallelSize {tp} does not divide the GPUs of any node that fits a "
+            f"replica ({', '.join(map(str, counts))}): GPUs would be stranded and vLLM's ranks uneven; "
+            f"use a divisor such as {max(d for d in range(1, counts[0] + 1) if counts[0] % d == 0 and d <= tp)}"
+        )
     room = sum(_replicas_on(node, sizing) for node in fitting)
     if deployment.spec.replicas > room:
-        reasons.append(f"spec.replicas {deployment.spec.replicas} is more than the nodes hold at once: {room} "
-                       f"replica(s) of {sizing.gpus} GPUs, {format_quantity(sizing.memory)} and "
-                       f"{_cores(sizing.cpu_millis)} CPUs each fit on {len(fitting)} node(s)")
+        reasons.append(
+            f"spec.replicas {deployment.spec.replicas} is more than the nodes hold at once: {room} "
+            f"replica(s) of {sizing.gpus} GPUs, {format_quantity(sizing.memory)} and "
+            f"{_cores(sizing.cpu_millis)} CPUs each fit on {len(fitting)} node(s)"
+        )
     return reasons

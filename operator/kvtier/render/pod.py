@@ -58,7 +58,7 @@ LMCACHE_STARTUP_SECONDS = 600
 _WIPE = "find {dir} -mindepth 1 -maxdepth 1 ! -name lost+found -exec rm -rf {{}} +"
 #: Sizes the raw-block device file once; a file already of that size (and LMCache's index in it) is kept.
 _PRESIZE = (
-    'set -eu; f={file}; n={size}; '
+    "set -eu; f={file}; n={size}; "
     'if [ ! -f "$f" ] || [ "$(stat -c %s "$f")" != "$n" ]; then '
     'rm -f "$f"; fallocate -l "$n" "$f" || truncate -s "$n" "$f"; fi'
 )
@@ -210,9 +210,12 @@ def probe_container(plan: PodPlan) -> dict[str, Any]:
         "image": options.probe_image,
         "command": ["kvtier", "probe"],
         "args": [
-            "--log-dir", lmcache.LOOKUP_LOG_DIR,
-            "--chunk-bytes", str(plan.deployment.spec.chunk_bytes),
-            "--port", str(options.probe_port),
+            "--log-dir",
+            lmcache.LOOKUP_LOG_DIR,
+            "--chunk-bytes",
+            str(plan.deployment.spec.chunk_bytes),
+            "--port",
+            str(options.probe_port),
         ],  # fmt: skip
         "ports": [{"name": PROBE_METRICS_PORT, "containerPort": options.probe_port}],
         "resources": {

@@ -41,8 +41,12 @@ def wipe_name(volume: dict[str, Any]) -> str:
 
 def _metadata(volume: dict[str, Any], namespace: str) -> dict[str, Any]:
     labels = {POOL_LABEL: volume["metadata"]["labels"][POOL_LABEL]}
-    return {"name": wipe_name(volume), "namespace": namespace, "labels": labels,
-            "annotations": {VOLUME_ANNOTATION: volume["metadata"]["name"]}}
+    return {
+        "name": wipe_name(volume),
+        "namespace": namespace,
+        "labels": labels,
+        "annotations": {VOLUME_ANNOTATION: volume["metadata"]["name"]},
+    }
 
 
 def wipe_claim(volume: dict[str, Any], namespace: str) -> dict[str, Any]:
@@ -64,8 +68,14 @@ def wipe_claim(volume: dict[str, Any], namespace: str) -> dict[str, Any]:
 
 def claim_ref(volume: dict[str, Any], namespace: str) -> dict[str, Any]:
     """The `spec.claimRef` that pre-binds `volume` to its wipe claim (no uid: any claim of that name)."""
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": wipe_name(volume),
-            "uid": None, "resourceVersion": None}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "namespace": namespace,
+        "name": wipe_name(volume),
+        "uid": None,
+        "resourceVersion": None,
+    }
 
 
 def wipe_job(volume: dict[str, Any], namespace: str, image: str) -> dict[str, Any]:

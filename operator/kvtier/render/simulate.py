@@ -41,8 +41,11 @@ def simulate_pod_spec(spec: dict[str, Any], image: str) -> dict[str, Any]:
     if lmcache is not None:
         args += ["--lmcache", _words(lmcache)]
         known = {mount["name"] for mount in vllm.get("volumeMounts", [])}
-        shared = [dict(mount, readOnly=False) for mount in lmcache.get("volumeMounts", [])
-                  if mount["name"] not in known and "emptyDir" in _volume(spec, mount["name"])]
+        shared = [
+            dict(mount, readOnly=False)
+            for mount in lmcache.get("volumeMounts", [])
+            if mount["name"] not in known and "emptyDir" in _volume(spec, mount["name"])
+        ]
         if shared:
             vllm["volumeMounts"] = [*vllm.get("volumeMounts", []), *shared]
         lmcache.update(image=image, command=list(IDLE))
@@ -62,5 +65,10 @@ MIB = 2**20
 def simulated_options(options: RenderOptions, image: str) -> RenderOptions:
     """`options` for simulated engines from `image`: kvsim needs none of LMCache's CPU and memory overhead,
     nor NCCL's `/dev/shm`, so pods fit a laptop's kind node (a fit check uses the same options)."""
-    return replace(options, simulated_engine_image=image, lmcache_cpu="100m", lmcache_memory_overhead=128 * MIB,
-                   shm_per_rank=64 * MIB)
+    return replace(
+        options,
+        simulated_engine_image=image,
+        lmcache_cpu="100m",
+        lmcache_memory_overhead=128 * MIB,
+        shm_per_rank=64 * MIB,
+    )

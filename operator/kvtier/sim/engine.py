@@ -222,9 +222,7 @@ class Engine:
         """When the replica's prefill engine finishes the work it has been given."""
         return self._prefill_free_at
 
-    def _lookup_and_store(
-        self, blocks: Sequence[int], storage: LRUCache | None
-    ) -> tuple[tuple[int, int, int], int]:
+    def _lookup_and_store(self, blocks: Sequence[int], storage: LRUCache | None) -> tuple[tuple[int, int, int], int]:
         """Hit blocks per tier, and the tier that served the last hit block."""
         hbm, cpu = self.hbm, self.cpu
         if hbm is None and cpu is None:

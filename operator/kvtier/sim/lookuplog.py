@@ -72,7 +72,9 @@ class LookupHashLog:
         self._size = 0
         self._sequence = 0
 
-    def write(self, request_id: str, model_name: str, chunk_size: int, seq_len: int, chunk_hashes: Sequence[str]) -> None:
+    def write(
+        self, request_id: str, model_name: str, chunk_size: int, seq_len: int, chunk_hashes: Sequence[str]
+    ) -> None:
         """Append one lookup."""
         now = self._clock()
         record = {

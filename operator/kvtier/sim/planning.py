@@ -29,19 +29,21 @@ def profiles(scenario: Scenario, workloads: Sequence[TenantWorkload] | None = No
     for tenant, workload in zip(scenario.tenants, workloads):
         tracker = StackDistanceTracker()
         requests = workload.requests
-        result.append(TenantProfile(
-            name=tenant.name,
-            arrivals=[request.arrival for request in requests],
-            prompt_tokens=[request.input_tokens for request in requests],
-            distances=[tracker.access(request.blocks) for request in requests],
-            block_tokens=scenario.block_tokens,
-            cost=workload.cost_model,
-            replicas=workload.replicas,
-            cpu_read_bytes_per_second=workload.params.cpu_read_bytes_per_second,
-            weight=tenant.weight,
-            min_blocks=tenant.min_blocks,
-            max_blocks=tenant.max_blocks,
-        ))
+        result.append(
+            TenantProfile(
+                name=tenant.name,
+                arrivals=[request.arrival for request in requests],
+                prompt_tokens=[request.input_tokens for request in requests],
+                distances=[tracker.access(request.blocks) for request in requests],
+                block_tokens=scenario.block_tokens,
+                cost=workload.cost_model,
+                replicas=workload.replicas,
+                cpu_read_bytes_per_second=workload.params.cpu_read_bytes_per_second,
+                weight=tenant.weight,
+                min_blocks=tenant.min_blocks,
+                max_blocks=tenant.max_blocks,
+            )
+        )
     return result
 
 
@@ -50,8 +52,10 @@ def caveats(scenario: Scenario) -> list[str]:
     fronted = [tenant.name for tenant in scenario.tenants if tenant.hbm_blocks or tenant.cpu_blocks]
     if not fronted:
         return []
-    return [f"tenants {', '.join(fronted)} have HBM/CPU tiers in front of the pool (hbmBlocks/cpuBlocks); the "
-            "plan takes the pool as their only tier, so it over-states the pool's hits for them"]
+    return [
+        f"tenants {', '.join(fronted)} have HBM/CPU tiers in front of the pool (hbmBlocks/cpuBlocks); the "
+        "plan takes the pool as their only tier, so it over-states the pool's hits for them"
+    ]
 
 
 def block_bytes(scenario: Scenario) -> int:
@@ -59,10 +63,18 @@ def block_bytes(scenario: Scenario) -> int:
     return scenario.block_tokens * scenario.tenants[0].kv_bytes_per_token
 
 
-def trace_scenario(traces: Sequence[tuple[str, Path]], *, capacity_blocks: int, block_tokens: int = 512,
-                   timestamp_unit: str = "ms", kv_bytes_per_token: int, prefill_tokens_per_second: float,
-                   storage_read_bytes_per_second: float, cost_model: str | None = None,
-                   replicas: int | None = None) -> Scenario:
+def trace_scenario(
+    traces: Sequence[tuple[str, Path]],
+    *,
+    capacity_blocks: int,
+    block_tokens: int = 512,
+    timestamp_unit: str = "ms",
+    kv_bytes_per_token: int,
+    prefill_tokens_per_second: float,
+    storage_read_bytes_per_second: float,
+    cost_model: str | None = None,
+    replicas: int | None = None,
+) -> Scenario:
     """A scenario of bare traces (``(tenant name, path)``) sharing the same tenant fields."""
     tenant = {
         "timestampUnit": timestamp_unit,
@@ -74,20 +86,27 @@ def trace_scenario(traces: Sequence[tuple[str, Path]], *, capacity_blocks: int, 
         tenant["costModel"] = cost_model
     if replicas is not None:
         tenant["replicas"] = replicas
-    return Scenario.model_validate({
-        "version": 1,
-        "name": "traces",
-        "blockTokens": block_tokens,
-        "epochSeconds": 300,
-        "scrapeSeconds": 15,
-        "pool": {"capacityBlocks": capacity_blocks},
-        "tenants": [{"name": name, "trace": str(Path(path).resolve()), **tenant} for name, path in traces],
-        "policies": ["oracle-static"],
-    })
+    return Scenario.model_validate(
+        {
+            "version": 1,
+            "name": "traces",
+            "blockTokens": block_tokens,
+            "epochSeconds": 300,
+            "scrapeSeconds": 15,
+            "pool": {"capacityBlocks": capacity_blocks},
+            "tenants": [{"name": name, "trace": str(Path(path).resolve()), **tenant} for name, path in traces],
+            "policies": ["oracle-static"],
+        }
+    )
 
 
-def evaluate(profiles: Sequence[TenantProfile], quotas: Mapping[str, int], *, block_bytes: int,
-             read_bandwidth: float | None = None) -> CapacityOutcome:
+def evaluate(
+    profiles: Sequence[TenantProfile],
+    quotas: Mapping[str, int],
+    *,
+    block_bytes: int,
+    read_bandwidth: float | None = None,
+) -> CapacityOutcome:
     """Hits, savings, TTFT and read bandwidth of a static split (quotas in blocks)."""
     per_tenant: dict[str, TenantOutcome] = {}
     ttfts: list[float] = []
@@ -118,8 +137,16 @@ def evaluate(profiles: Sequence[TenantProfile], quotas: Mapping[str, int], *, bl
         saved_total += saved
         for queue in queues:
             ttfts.extend(queue.ttfts)
-        per_tenant[profile.name] = TenantOutcome(quota, len(profile.arrivals), accessed, hit_blocks,
-                                                 sum(profile.prompt_tokens), hit_tokens_total, saved, read_bytes)
+        per_tenant[profile.name] = TenantOutcome(
+            quota,
+            len(profile.arrivals),
+            accessed,
+            hit_blocks,
+            sum(profile.prompt_tokens),
+            hit_tokens_total,
+            saved,
+            read_bytes,
+        )
     span = max(last - first, PEAK_WINDOW_SECONDS) if reads or ttfts else PEAK_WINDOW_SECONDS
     ttfts.sort()
     capacity_blocks = sum(quotas.values())

@@ -38,8 +38,11 @@ def plot_replay(scenario: Scenario, runs: Sequence[PolicyRun], path: str | os.Pa
         timeline = run.timeline
         points = list(zip(timeline.times, timeline.hit_blocks, timeline.accessed_blocks))
         # Every policy on the same epochs (kvtier's timeline has a point every round).
-        points = [point for index, point in enumerate(points)
-                  if index == len(points) - 1 or (point[0] / scenario.epoch_seconds).is_integer()]
+        points = [
+            point
+            for index, point in enumerate(points)
+            if index == len(points) - 1 or (point[0] / scenario.epoch_seconds).is_integer()
+        ]
         times, values = [], []
         for (start, hits0, seen0), (end, hits1, seen1) in zip(points, points[1:]):
             if seen1 > seen0:

@@ -97,8 +97,11 @@ def container_kind(container: Container) -> tuple[str, list[str]] | None:
     words = command_line(container)
     for index, word in enumerate(words[:-1]):
         program, subcommand = PurePosixPath(word).name, words[index + 1]
-        for kind, expected in (("vllm", ("vllm", "serve")), ("lmcache", ("lmcache", "server")),
-                               ("probe", ("kvtier", "probe"))):
+        for kind, expected in (
+            ("vllm", ("vllm", "serve")),
+            ("lmcache", ("lmcache", "server")),
+            ("probe", ("kvtier", "probe")),
+        ):
             if (program, subcommand) == expected:
                 return kind, words[index + 2 :]
     return None
@@ -217,8 +220,7 @@ class KvsimEngines:
                     )
                     if (value := flag(words, option)) is not None
                 }
-                lookup_log = open_lookup_log(self._path(sim, container, log_dir), sim.server.params,
-                                             **rotation)
+                lookup_log = open_lookup_log(self._path(sim, container, log_dir), sim.server.params, **rotation)
                 sim.server.lookup_log = lookup_log
                 sim.closers.append(lookup_log.close)
             return [await start_sim(sim.server, address, lmcache_http_port=int(flag(words, "--http-port") or 8080))]

@@ -220,13 +220,15 @@ class KvtierPolicy(DynamicPolicy):
 
     name = "kvtier"
 
-    def __init__(self, scenario: Scenario, half_life_intervals: float = HALF_LIFE_INTERVALS,
-                 units: int = REPLAY_UNITS) -> None:
+    def __init__(
+        self, scenario: Scenario, half_life_intervals: float = HALF_LIFE_INTERVALS, units: int = REPLAY_UNITS
+    ) -> None:
         self.settings = LoopSettings.from_spec(scenario.rebalance)
         self.scenario = scenario
         self.estimators = {
-            tenant.name: DemandEstimator(half_life_intervals * self.settings.interval_seconds,
-                                         STALE_SCRAPES * scenario.scrape_seconds)
+            tenant.name: DemandEstimator(
+                half_life_intervals * self.settings.interval_seconds, STALE_SCRAPES * scenario.scrape_seconds
+            )
             for tenant in scenario.tenants
         }
         self.costs = [tenant.cost() for tenant in scenario.tenants]
@@ -251,9 +253,12 @@ class KvtierPolicy(DynamicPolicy):
         defaults = ProbeOptions(log_dir="")
         probes = {}
         for tenant in scenario.tenants:
-            probe = probes[tenant.name] = DemandProbe(defaults.max_blocks, window_seconds=defaults.window,
-                                                      tick_seconds=defaults.tick,
-                                                      buckets_per_octave=defaults.buckets_per_octave)
+            probe = probes[tenant.name] = DemandProbe(
+                defaults.max_blocks,
+                window_seconds=defaults.window,
+                tick_seconds=defaults.tick,
+                buckets_per_octave=defaults.buckets_per_octave,
+            )
             for engine in replay.replicas[tenant.name]:
                 engine.listeners.append(_lookup_log(probe))
 
@@ -266,9 +271,15 @@ class KvtierPolicy(DynamicPolicy):
                 estimator.observe_probe(probe_reading(probe, now))
                 stats = [engine.stats for engine in replay.replicas[name]]
                 self.prompts[name] = (sum(s.prompt_tokens for s in stats), sum(s.requests for s in stats))
-                estimator.observe_counters(CounterReading(
-                    now, replay.quota(name) // self.unit_blocks, sum(s.external_query_tokens for s in stats),
-                    sum(s.hit_tokens[Tier.STORAGE] for s in stats), sum(s.requests for s in stats)))
+                estimator.observe_counters(
+                    CounterReading(
+                        now,
+                        replay.quota(name) // self.unit_blocks,
+                        sum(s.external_query_tokens for s in stats),
+                        sum(s.hit_tokens[Tier.STORAGE] for s in stats),
+                        sum(s.requests for s in stats),
+                    )
+                )
 
         # Registered first: a scrape due with an epoch runs before the epoch's decision.
         replay.every(scenario.scrape_seconds, scrape)
@@ -281,15 +292,25 @@ class KvtierPolicy(DynamicPolicy):
         states = {}
         for tenant, cost in zip(scenario.tenants, self.costs):
             estimate = self.estimators[tenant.name].estimate(
-                now, capacity, unit_chunks=unit, chunk_tokens=scenario.block_tokens,
-                front_chunks=max(tenant.hbm_blocks, tenant.cpu_blocks))
+                now,
+                capacity,
+                unit_chunks=unit,
+                chunk_tokens=scenario.block_tokens,
+                front_chunks=max(tenant.hbm_blocks, tenant.cpu_blocks),
+            )
             max_units = None if tenant.max_blocks is None else tenant.max_blocks // unit
             # A hit token is worth the GPU seconds it saves, on average over the tenant's mean prompt.
             prompt_tokens, requests = self.prompts.get(tenant.name, (0, 0))
             hit_value = cost.saved_per_hit_token(prompt_tokens / requests if requests else 0.0)
-            states[tenant.name] = DeploymentState(current[tenant.name] // unit, estimate, hit_value=hit_value,
-                                                  weight=tenant.weight, min_units=-(-tenant.min_blocks // unit),
-                                                  max_units=max_units, unit_tokens=unit * scenario.block_tokens)
+            states[tenant.name] = DeploymentState(
+                current[tenant.name] // unit,
+                estimate,
+                hit_value=hit_value,
+                weight=tenant.weight,
+                min_units=-(-tenant.min_blocks // unit),
+                max_units=max_units,
+                unit_tokens=unit * scenario.block_tokens,
+            )
         decision = decide(states, capacity, self.settings, now, self.last_move)
         self.decisions.append((now, decision))
         if not decision.applies:
@@ -319,9 +340,7 @@ POLICIES: dict[str, PolicyFactory] = {
 }
 
 
-def build_policies(
-    names: Sequence[str], scenario: Scenario, workloads: Sequence[TenantWorkload]
-) -> dict[str, Policy]:
+def build_policies(names: Sequence[str], scenario: Scenario, workloads: Sequence[TenantWorkload]) -> dict[str, Policy]:
     """The named policies that are implemented; the oracles share one :class:`Hindsight`."""
     hindsight = functools.cache(lambda: Hindsight(workloads, scenario.epoch_seconds))
     return {name: POLICIES[name](scenario, workloads, hindsight) for name in names if name in POLICIES}

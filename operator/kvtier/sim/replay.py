@@ -48,8 +48,9 @@ class TenantWorkload:
         if self.cost is not None:
             return self.cost
         params = self.params
-        return CostModel.linear(params.prefill_tokens_per_second, params.kv_bytes_per_token,
-                                params.storage_read_bytes_per_second)
+        return CostModel.linear(
+            params.prefill_tokens_per_second, params.kv_bytes_per_token, params.storage_read_bytes_per_second
+        )
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,16 @@ class PrefillQueue:
     while they compute. TTFT = first token - arrival.
     """
 
-    __slots__ = ("model", "cpu_read_bytes_per_second", "gpu_free_at", "storage_free_at", "ttfts",
-                 "gpu_seconds", "gpu_seconds_saved", "storage_read_seconds")
+    __slots__ = (
+        "model",
+        "cpu_read_bytes_per_second",
+        "gpu_free_at",
+        "storage_free_at",
+        "ttfts",
+        "gpu_seconds",
+        "gpu_seconds_saved",
+        "storage_read_seconds",
+    )
 
     def __init__(self, model: CostModel, cpu_read_bytes_per_second: float) -> None:
         self.model = model
@@ -155,7 +164,9 @@ class PrefillQueue:
             self.storage_read_seconds += read
         load = read + model.load_seconds(hit_tokens[1], self.cpu_read_bytes_per_second)
         layers = model.layers
-        start = max(arrival, self.gpu_free_at, load_start + load / layers, load_start + load + compute / layers - compute)
+        start = max(
+            arrival, self.gpu_free_at, load_start + load / layers, load_start + load + compute / layers - compute
+        )
         first_token = start + compute
         self.gpu_free_at = first_token
         self.ttfts.append(first_token - arrival)
@@ -209,8 +220,9 @@ class Replay:
         self._schedules: list[_Schedule] = []
         #: Tenant name -> its replicas' prefill queues (latency and prefill work).
         self.queues = {
-            tenant.name: [PrefillQueue(tenant.cost_model, tenant.params.cpu_read_bytes_per_second)
-                          for _ in range(tenant.replicas)]
+            tenant.name: [
+                PrefillQueue(tenant.cost_model, tenant.params.cpu_read_bytes_per_second) for _ in range(tenant.replicas)
+            ]
             for tenant in tenants
         }
         self._done = False
@@ -272,8 +284,10 @@ class Replay:
             name: _totals([engine.stats for engine in engines], self.queues[name])
             for name, engines in self.replicas.items()
         }
-        overall = _totals([engine.stats for engines in self.replicas.values() for engine in engines],
-                          [queue for queues in self.queues.values() for queue in queues])
+        overall = _totals(
+            [engine.stats for engines in self.replicas.values() for engine in engines],
+            [queue for queues in self.queues.values() for queue in queues],
+        )
         return ReplayResult(overall, per_tenant)
 
 

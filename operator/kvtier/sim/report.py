@@ -63,9 +63,17 @@ def replay_scenario(
             f"({seconds:.1f} s, {result.overall.accessed_blocks / seconds:,.0f} block accesses/s)"
         )
         kvtier = isinstance(policy, KvtierPolicy)
-        runs.append(PolicyRun(name, result, timeline, not isinstance(policy, SharedPolicy),
-                              tuple(policy.decisions) if kvtier else (), seconds,
-                              policy.unit_blocks if kvtier else 1))
+        runs.append(
+            PolicyRun(
+                name,
+                result,
+                timeline,
+                not isinstance(policy, SharedPolicy),
+                tuple(policy.decisions) if kvtier else (),
+                seconds,
+                policy.unit_blocks if kvtier else 1,
+            )
+        )
     return runs
 
 
@@ -133,13 +141,24 @@ def to_markdown(scenario: Scenario, runs: Sequence[PolicyRun], plot: str | None 
     if runs:
         accessed = runs[0].result.overall.accessed_blocks
         lines += ["", f"Block accesses: {accessed:,} (the same for every policy).", ""]
-        lines += ["## Block hit ratio per tenant", "", "| policy | " + " | ".join(tenants) + " |",
-                  "|---|" + "---:|" * len(tenants)]
+        lines += [
+            "## Block hit ratio per tenant",
+            "",
+            "| policy | " + " | ".join(tenants) + " |",
+            "|---|" + "---:|" * len(tenants),
+        ]
         for run in runs:
             per = run.result.per_tenant
             lines.append(f"| {run.name} | " + " | ".join(f"{per[t].block_hit_ratio:.4f}" for t in tenants) + " |")
-        lines += ["", "## Quotas (blocks)", "", "Static splits; for a dynamic policy, the range over its epochs.", "",
-                  "| policy | " + " | ".join(tenants) + " |", "|---|" + "---:|" * len(tenants)]
+        lines += [
+            "",
+            "## Quotas (blocks)",
+            "",
+            "Static splits; for a dynamic policy, the range over its epochs.",
+            "",
+            "| policy | " + " | ".join(tenants) + " |",
+            "|---|" + "---:|" * len(tenants),
+        ]
         for run in runs:
             if not run.partitioned:
                 lines.append(f"| {run.name} | " + " | ".join("one LRU" for _ in tenants) + " |")
@@ -150,18 +169,30 @@ def to_markdown(scenario: Scenario, runs: Sequence[PolicyRun], plot: str | None 
                 low, high = min(q.get(tenant, 0) for q in quotas), max(q.get(tenant, 0) for q in quotas)
                 cells.append(f"{low:,}" if low == high else f"{low:,} .. {high:,}")
             lines.append(f"| {run.name} | " + " | ".join(cells) + " |")
-    lines += ["", "Flat prefill seconds saved per hit block (the format's field: block tokens / prefill speed - block bytes / read "
-              "bandwidth; negative when loading a block from the pool is slower than recomputing it): "
-              + ", ".join(f"{t.name} {_saved_per_storage_hit(scenario, t) * 1000:+.1f} ms" for t in scenario.tenants)
-              + "."]
+    lines += [
+        "",
+        "Flat prefill seconds saved per hit block (the format's field: block tokens / prefill speed - block bytes / read "
+        "bandwidth; negative when loading a block from the pool is slower than recomputing it): "
+        + ", ".join(f"{t.name} {_saved_per_storage_hit(scenario, t) * 1000:+.1f} ms" for t in scenario.tenants)
+        + ".",
+    ]
     for run in runs:
         if run.decisions:
-            lines += ["", f"## `{run.name}` rounds", "",
-                      f"Quotas in blocks; the reasons count allocation units of {run.unit_blocks} blocks.", "",
-                      "| time s | outcome | quotas after | reason |", "|---:|---|---|---|"]
-            lines += [f"| {now:g} | {decision.outcome} | "
-                      + ", ".join(f"{name} {decision.target[name] * run.unit_blocks:,}" for name in tenants)
-                      + f" | {decision.reason} |" for now, decision in run.decisions]
+            lines += [
+                "",
+                f"## `{run.name}` rounds",
+                "",
+                f"Quotas in blocks; the reasons count allocation units of {run.unit_blocks} blocks.",
+                "",
+                "| time s | outcome | quotas after | reason |",
+                "|---:|---|---|---|",
+            ]
+            lines += [
+                f"| {now:g} | {decision.outcome} | "
+                + ", ".join(f"{name} {decision.target[name] * run.unit_blocks:,}" for name in tenants)
+                + f" | {decision.reason} |"
+                for now, decision in run.decisions
+            ]
     if plot:
         lines += ["", f"![quota per tenant over time, hit ratio per policy]({plot})"]
     return "\n".join(lines) + "\n"

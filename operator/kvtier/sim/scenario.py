@@ -82,20 +82,24 @@ class ScenarioTenant(_Model):
             raise ValueError(f"tenant {self.name}: maxBlocks < minBlocks")
         if self.cost_model is not None:
             if self.cost_model not in PRESETS:
-                raise ValueError(f"tenant {self.name}: costModel {self.cost_model!r} is not one of "
-                                 f"{', '.join(sorted(PRESETS))}")
+                raise ValueError(
+                    f"tenant {self.name}: costModel {self.cost_model!r} is not one of {', '.join(sorted(PRESETS))}"
+                )
             kv_bytes = self.cost().kv_bytes_per_token
             if kv_bytes != self.kv_bytes_per_token:
-                raise ValueError(f"tenant {self.name}: kvBytesPerToken {self.kv_bytes_per_token} differs from "
-                                 f"costModel {self.cost_model}'s {kv_bytes}")
+                raise ValueError(
+                    f"tenant {self.name}: kvBytesPerToken {self.kv_bytes_per_token} differs from "
+                    f"costModel {self.cost_model}'s {kv_bytes}"
+                )
         return self
 
     def cost(self) -> CostModel:
         """One replica's prefill and load times: the preset, else flat at prefillTokensPerSecond."""
         if self.cost_model is not None:
             return preset(self.cost_model, self.storage_read_bytes_per_second)
-        return CostModel.linear(self.prefill_tokens_per_second, self.kv_bytes_per_token,
-                                self.storage_read_bytes_per_second)
+        return CostModel.linear(
+            self.prefill_tokens_per_second, self.kv_bytes_per_token, self.storage_read_bytes_per_second
+        )
 
 
 class Scenario(_Model):

@@ -66,10 +66,52 @@ GB = 1 << 30
 #: The L2 adapter kvtier renders (LMCache labels L2 series ``l2_name`` with the adapter type).
 L2_NAME = "raw_block"
 #: vLLM's TTFT buckets (seconds).
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-_QUEUE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
-                  960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+_QUEUE_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 _YIELD_EVERY = 64
 
 
@@ -82,8 +124,10 @@ def salted(blocks: Sequence[int], salt: str) -> list[int]:
     if not salt:
         return list(blocks)
     key = salt.encode() + b"\0"
-    return [int.from_bytes(hashlib.blake2b(key + block.to_bytes(8, "big"), digest_size=8).digest(), "big")
-            for block in blocks]
+    return [
+        int.from_bytes(hashlib.blake2b(key + block.to_bytes(8, "big"), digest_size=8).digest(), "big")
+        for block in blocks
+    ]
 
 
 def prompt_blocks(tokens: Sequence[Any], block_tokens: int, salt: str = "") -> list[int]:
@@ -198,20 +242,35 @@ class _VllmMetrics:
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent.", engine.watermark)
         self.queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.")
         self.hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.")
-        self.external_queries = counter("vllm:external_prefix_cache_queries", "External prefix cache queries, in tokens.")
+        self.external_queries = counter(
+            "vllm:external_prefix_cache_queries", "External prefix cache queries, in tokens."
+        )
         self.external_hits = counter("vllm:external_prefix_cache_hits", "External prefix cache hits, in tokens.")
         self.preemptions = counter("vllm:num_preemptions", "Cumulative preemptions (the model never preempts).")
         self.prompt = counter("vllm:prompt_tokens", "Prefill tokens processed.")
         self.cached = counter("vllm:prompt_tokens_cached", "Prompt tokens served from a cache.")
         self.generation = counter("vllm:generation_tokens", "Generation tokens processed.")
-        by_source = Counter("vllm:prompt_tokens_by_source", "Prompt tokens by source.", [*names, "source"],
-                            registry=registry)
-        self.by_source = {source: by_source.labels(**labels, source=source)
-                          for source in ("local_compute", "local_cache_hit", "external_kv_transfer")}
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token, in seconds.", names,
-                              buckets=TTFT_BUCKETS, registry=registry).labels(**labels)
-        self.queue = Histogram("vllm:request_queue_time_seconds", "Time spent waiting for a batch slot.", names,
-                               buckets=_QUEUE_BUCKETS, registry=registry).labels(**labels)
+        by_source = Counter(
+            "vllm:prompt_tokens_by_source", "Prompt tokens by source.", [*names, "source"], registry=registry
+        )
+        self.by_source = {
+            source: by_source.labels(**labels, source=source)
+            for source in ("local_compute", "local_cache_hit", "external_kv_transfer")
+        }
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token, in seconds.",
+            names,
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        ).labels(**labels)
+        self.queue = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Time spent waiting for a batch slot.",
+            names,
+            buckets=_QUEUE_BUCKETS,
+            registry=registry,
+        ).labels(**labels)
 
     def record(self, outcome: RequestOutcome) -> None:
         hbm, cpu, storage = outcome.hit_tokens
@@ -247,8 +306,10 @@ class _MpMetrics:
 
     def __init__(self, server: SimServer) -> None:
         self.model = server.model
-        self.counters = {name: Counter(name, doc, ["model_name", "cache_salt"], registry=server.mp_registry)
-                         for name, doc in self._LOOKUP}
+        self.counters = {
+            name: Counter(name, doc, ["model_name", "cache_salt"], registry=server.mp_registry)
+            for name, doc in self._LOOKUP
+        }
         server.mp_registry.register(_EvictionCollector(server))
 
     def record(self, outcome: RequestOutcome, salt: str) -> None:
@@ -276,16 +337,15 @@ class _EvictionCollector:
     def collect(self) -> Any:
         engine, pool = self.server.engine, self.server.pool
         block_bytes = self.server.params.block_bytes
-        l1_usage = GaugeMetricFamily("lmcache_mp_l1_memory_usage_bytes", "Bytes held in L1.",
-                                     labels=["backend", "l1_tag"])
+        l1_usage = GaugeMetricFamily(
+            "lmcache_mp_l1_memory_usage_bytes", "Bytes held in L1.", labels=["backend", "l1_tag"]
+        )
         l1_usage.add_metric(["dram", DEFAULT_SALT], len(engine.cpu) * block_bytes if engine.cpu is not None else 0)
-        l2_usage = GaugeMetricFamily("lmcache_mp_l2_usage_bytes", "Bytes held in each L2 adapter.",
-                                     labels=["l2_name"])
+        l2_usage = GaugeMetricFamily("lmcache_mp_l2_usage_bytes", "Bytes held in each L2 adapter.", labels=["l2_name"])
         l2_usage.add_metric([L2_NAME], pool.used * block_bytes)
         l1 = CounterMetricFamily("lmcache_mp_l1_evicted_chunks", "Chunks evicted from L1.")
         l1.add_metric([], engine.cpu.evicted if engine.cpu is not None else 0)
-        l2 = CounterMetricFamily("lmcache_mp_l2_evicted_objects_chunks", "Objects evicted from L2.",
-                                 labels=["l2_name"])
+        l2 = CounterMetricFamily("lmcache_mp_l2_evicted_objects_chunks", "Objects evicted from L2.", labels=["l2_name"])
         l2.add_metric([L2_NAME], sum(pool.partition(salt).evicted for salt in pool.salts()))
         return [l1_usage, l2_usage, l1, l2]
 
@@ -298,7 +358,9 @@ def _error(status: int, message: str) -> web.Response:
 
 
 @web.middleware
-async def _json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     """Every failure is a JSON error; nothing a client sends takes the server down."""
     try:
         return await handler(request)
@@ -342,7 +404,9 @@ def vllm_app(server: SimServer) -> web.Application:
     """vLLM's OpenAI-compatible face."""
 
     async def models(_: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": server.model, "object": "model", "owned_by": "kvsim"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": server.model, "object": "model", "owned_by": "kvsim"}]}
+        )
 
     async def completions(request: web.Request) -> web.Response:
         body = await _json_body(request)
@@ -366,19 +430,24 @@ def vllm_app(server: SimServer) -> web.Application:
             raise BadRequest("cache_salt must be a string")
         blocks = prompt_blocks(tokens, server.params.block_tokens, salt)
         outcome = server.serve(blocks, len(tokens), max_tokens, salt)
-        return web.json_response({
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": server.model,
-            "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}],
-            "usage": {"prompt_tokens": len(tokens), "completion_tokens": max_tokens,
-                      "total_tokens": len(tokens) + max_tokens},
-            "kvsim": {
-                "ttft_seconds": outcome.ttft,
-                "hit_tokens": {tier.name.lower(): outcome.hit_tokens[tier] for tier in Tier},
-            },
-        })
+        return web.json_response(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": server.model,
+                "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}],
+                "usage": {
+                    "prompt_tokens": len(tokens),
+                    "completion_tokens": max_tokens,
+                    "total_tokens": len(tokens) + max_tokens,
+                },
+                "kvsim": {
+                    "ttft_seconds": outcome.ttft,
+                    "hit_tokens": {tier.name.lower(): outcome.hit_tokens[tier] for tier in Tier},
+                },
+            }
+        )
 
     app = _application()
     app.router.add_get("/health", _healthy)
@@ -408,8 +477,9 @@ def lmcache_app(server: SimServer) -> web.Application:
         except ValueError:
             raise BadRequest('body must be {"limit_gb": <finite number >= 0>}') from None
         salt = salt_of(request)
-        return web.json_response({"cache_salt": salt or DEFAULT_SALT, "limit_gb": server.quota_entry(salt)["limit_gb"],
-                                  "status": "ok"})
+        return web.json_response(
+            {"cache_salt": salt or DEFAULT_SALT, "limit_gb": server.quota_entry(salt)["limit_gb"], "status": "ok"}
+        )
 
     async def delete_quota(request: web.Request) -> web.Response:
         salt = salt_of(request)

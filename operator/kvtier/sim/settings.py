@@ -40,7 +40,7 @@ def settings_from_env(
     ``KVSIM_SPEED``, and for a trace ``KVSIM_TRACE``, ``KVSIM_TIME_SHIFT``, ``KVSIM_LOOP``
     (true/false) and ``KVSIM_TRACE_SALT``. Raises ``ValueError`` for a value of the wrong type.
     """
-    values = {key[len(ENV_PREFIX):].lower(): value for key, value in env.items() if key.startswith(ENV_PREFIX)}
+    values = {key[len(ENV_PREFIX) :].lower(): value for key, value in env.items() if key.startswith(ENV_PREFIX)}
     overrides = {}
     for spec in fields(EngineParams):
         if spec.name in values:
@@ -56,5 +56,3 @@ def settings_from_env(
             salt=values.get("trace_salt", ""),
         )
     return params, speed, load
-
-

@@ -75,8 +75,11 @@ class StackDistanceTracker:
         """Stack position (1-based) of the block last touched at ``slot``: the marks at or above it."""
         fine_index = slot >> _FINE
         coarse_index = slot >> _COARSE
-        unmarked = (sum(self._coarse[:coarse_index]) + sum(self._fine[coarse_index * _FINE_PER_COARSE:fine_index])
-                    + self._unmarked.count(1, fine_index << _FINE, slot))
+        unmarked = (
+            sum(self._coarse[:coarse_index])
+            + sum(self._fine[coarse_index * _FINE_PER_COARSE : fine_index])
+            + self._unmarked.count(1, fine_index << _FINE, slot)
+        )
         return len(self._last) - slot + unmarked
 
     def access(self, blocks: Sequence[Hashable]) -> list[Distance]:

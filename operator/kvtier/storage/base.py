@@ -50,6 +50,8 @@ def volume_bytes(usable: int, volume_mode: Literal["Block", "Filesystem"]) -> in
     while usable_bytes(size, volume_mode) < usable:
         size += BLOCK_ALIGN
     return size
+
+
 #: Where a Block volume appears inside the `lmcache` container.
 DEVICE_PATH = "/dev/kvtier/kv-store"
 #: Where a Filesystem volume is mounted inside the containers that use it.

@@ -45,6 +45,9 @@ class HostPathBackend(StorageBackend):
                     "namespace": claim_namespace,
                     "name": claim,
                 },
-                "hostPath": {"path": f"{self.spec.path.rstrip('/')}/{claim_namespace}/{claim}", "type": "DirectoryOrCreate"},
+                "hostPath": {
+                    "path": f"{self.spec.path.rstrip('/')}/{claim_namespace}/{claim}",
+                    "type": "DirectoryOrCreate",
+                },
             },
         }

@@ -146,15 +146,19 @@ def never_fits(pool: KVPool, claim: Claim) -> str | None:
         return None
     needs = claim.min * claim.replicas
     if needs > pool.spec.capacity:
-        return (f"needs at least min x replicas = {format_quantity(claim.min)} x {claim.replicas} = "
-                f"{format_quantity(needs)}, more than KVPool {pool.metadata.name}'s whole capacity "
-                f"{format_quantity(pool.spec.capacity)}; lower spec.replicas or spec.kvCache.storage.min")
+        return (
+            f"needs at least min x replicas = {format_quantity(claim.min)} x {claim.replicas} = "
+            f"{format_quantity(needs)}, more than KVPool {pool.metadata.name}'s whole capacity "
+            f"{format_quantity(pool.spec.capacity)}; lower spec.replicas or spec.kvCache.storage.min"
+        )
     inventory = _namespaces(pool)
     if inventory:
         large = sum(1 for ns in inventory.values() if ns.size >= max(claim.min, 1))
         if large < claim.replicas:
-            return (f"needs one NVMe-oF namespace of at least {format_quantity(claim.min)} per replica "
-                    f"({claim.replicas}); KVPool {pool.metadata.name} has {large} in all")
+            return (
+                f"needs one NVMe-oF namespace of at least {format_quantity(claim.min)} per replica "
+                f"({claim.replicas}); KVPool {pool.metadata.name} has {large} in all"
+            )
     return None
 
 
@@ -174,16 +178,24 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Admission:
         message = f"{claim.name} {impossible}"
         if existing is not None:  # keeps what it was admitted with; the growth is what never fits
             return Admission(summarise(pool, status), existing, "NeverFits", message)
-        new = summarise(pool, status.model_copy(update={"allocations": others, "waiting": queue,
-                                                        "reclaiming": _reclaim(status, stale)}))
+        new = summarise(
+            pool,
+            status.model_copy(update={"allocations": others, "waiting": queue, "reclaiming": _reclaim(status, stale)}),
+        )
         return Admission(new, None, "NeverFits", message)
 
     if existing is None and len(others) >= STATUS_LIST_LIMIT:  # the CRD bounds the ledger (CEL cost budget)
-        new = summarise(pool, status.model_copy(update={"allocations": others, "waiting": queue,
-                                                        "reclaiming": _reclaim(status, stale)}))
-        return Admission(new, None, "PoolFull",
-                        f"KVPool {pool.metadata.name} already holds {STATUS_LIST_LIMIT} deployments, the most one "
-                        f"pool's ledger records; {claim.name} is admitted when one leaves (or use another pool)")
+        new = summarise(
+            pool,
+            status.model_copy(update={"allocations": others, "waiting": queue, "reclaiming": _reclaim(status, stale)}),
+        )
+        return Admission(
+            new,
+            None,
+            "PoolFull",
+            f"KVPool {pool.metadata.name} already holds {STATUS_LIST_LIMIT} deployments, the most one "
+            f"pool's ledger records; {claim.name} is admitted when one leaves (or use another pool)",
+        )
 
     passed: list[WaitingDeployment] = []
     if existing is None:
@@ -192,10 +204,17 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Admission:
         needs = claim.min * claim.replicas
         if blocking or (ahead and needs > free):
             first = (blocking or ahead)[0]
-            return _wait(pool, status, others, queue, claim, "Queued",
-                         f"waiting behind {len(ahead)} earlier deployment(s) for KVPool {pool.metadata.name}, "
-                         f"first {first.namespace}/{first.name} (needs {format_quantity(first.needs)}, "
-                         f"{format_quantity(max(free, 0))} available)")
+            return _wait(
+                pool,
+                status,
+                others,
+                queue,
+                claim,
+                "Queued",
+                f"waiting behind {len(ahead)} earlier deployment(s) for KVPool {pool.metadata.name}, "
+                f"first {first.namespace}/{first.name} (needs {format_quantity(first.needs)}, "
+                f"{format_quantity(max(free, 0))} available)",
+            )
         passed = ahead  # none of them fits the free capacity: this one goes first, and they count it
         wanted = claim.request
     else:
@@ -209,13 +228,22 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Admission:
     if inventory and claim.replicas:
         kept = list(existing.volumes[: claim.replicas]) if existing else []
         taken = {uuid for a in others for uuid in a.volumes} | set(kept) | set(status.reclaiming) | set(stale)
-        candidates = sorted((ns for ns in inventory.values() if ns.uuid not in taken), key=lambda ns: (ns.size, ns.uuid))
+        candidates = sorted(
+            (ns for ns in inventory.values() if ns.uuid not in taken), key=lambda ns: (ns.size, ns.uuid)
+        )
         needed = claim.replicas - len(kept)
         fitting = [ns for ns in candidates if ns.size >= max(claim.min, 1)]
         if len(fitting) < needed:
-            return _refuse(pool, status, others, queue, existing, claim,
-                           f"KVPool {pool.metadata.name} has {len(fitting)} free NVMe-oF namespace(s) of at least "
-                           f"{format_quantity(claim.min)}; {claim.name} needs {needed} more (one per replica)")
+            return _refuse(
+                pool,
+                status,
+                others,
+                queue,
+                existing,
+                claim,
+                f"KVPool {pool.metadata.name} has {len(fitting)} free NVMe-oF namespace(s) of at least "
+                f"{format_quantity(claim.min)}; {claim.name} needs {needed} more (one per replica)",
+            )
         # Best fit: the smallest namespaces that hold the quota, else the largest of those that hold `min`.
         holding = [ns for ns in fitting if ns.size >= quota]
         chosen = holding[:needed] if len(holding) >= needed else fitting[-needed:]
@@ -223,11 +251,19 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Admission:
         quota = min([quota] + [inventory[uuid].size for uuid in volumes])
     quota = _align(quota) if quota < wanted else quota
     if claim.replicas and quota < claim.min:
-        return _refuse(pool, status, others, queue, existing, claim,
-                       f"KVPool {pool.metadata.name} has {format_quantity(max(free, 0))} available; "
-                       f"{claim.name} needs at least min x replicas = {format_quantity(claim.min)} x {claim.replicas}")
-    allocation = Allocation(namespace=claim.namespace, name=claim.name, uid=claim.uid, replicas=claim.replicas,
-                            quota=quota, volumes=volumes)
+        return _refuse(
+            pool,
+            status,
+            others,
+            queue,
+            existing,
+            claim,
+            f"KVPool {pool.metadata.name} has {format_quantity(max(free, 0))} available; "
+            f"{claim.name} needs at least min x replicas = {format_quantity(claim.min)} x {claim.replicas}",
+        )
+    allocation = Allocation(
+        namespace=claim.namespace, name=claim.name, uid=claim.uid, replicas=claim.replicas, quota=quota, volumes=volumes
+    )
     dropped = [uuid for uuid in (existing.volumes if existing else []) if uuid not in volumes]
     # An admitted deployment keeps its place in the list: an unchanged entry leaves the status unchanged.
     kept_uids = other_uids | {claim.uid}
@@ -236,12 +272,19 @@ def admit(pool: KVPool, status: KVPoolStatus, claim: Claim) -> Admission:
         allocations.append(allocation)
     overtaken = {w.uid for w in passed}
     queue = [w.model_copy(update={"passed_over": w.passed_over + 1}) if w.uid in overtaken else w for w in queue]
-    new = summarise(pool, status.model_copy(update={"allocations": allocations, "waiting": queue,
-                                                    "reclaiming": _reclaim(status, stale + dropped)}))
+    new = summarise(
+        pool,
+        status.model_copy(
+            update={"allocations": allocations, "waiting": queue, "reclaiming": _reclaim(status, stale + dropped)}
+        ),
+    )
     ahead_note = f" (admitted ahead of {len(passed)} earlier deployment(s) that do not fit yet)" if passed else ""
-    return Admission(new, allocation, "Bound",
-                    f"{format_quantity(quota)} per replica x {claim.replicas} from KVPool {pool.metadata.name}"
-                    f"{ahead_note}")
+    return Admission(
+        new,
+        allocation,
+        "Bound",
+        f"{format_quantity(quota)} per replica x {claim.replicas} from KVPool {pool.metadata.name}{ahead_note}",
+    )
 
 
 def repair(pool: KVPool, status: KVPoolStatus, claims: Mapping[str, Claim | None]) -> tuple[KVPoolStatus, list[str]]:
@@ -274,7 +317,7 @@ def repair(pool: KVPool, status: KVPoolStatus, claims: Mapping[str, Claim | None
         who = f"{entry.namespace}/{entry.name}"
         if claim is not None and entry.replicas > claim.replicas:
             repairs.append(f"{who}: {entry.replicas} -> {claim.replicas} replicas (scaled down)")
-            dropped += entry.volumes[claim.replicas:]
+            dropped += entry.volumes[claim.replicas :]
             entry = entry.model_copy(update={"replicas": claim.replicas, "volumes": entry.volumes[: claim.replicas]})
         if claim is not None and entry.quota > claim.max:
             repairs.append(f"{who}: quota {format_quantity(entry.quota)} -> {format_quantity(claim.max)} (above max)")
@@ -315,45 +358,79 @@ def repair(pool: KVPool, status: KVPoolStatus, claims: Mapping[str, Claim | None
         trial = shrink(missing - max(free, 0), keep=entry.uid) if missing > free else list(entries)
         trial[position] = entry.model_copy(update={"quota": claim.min})
         if sum(a.allocated for a in trial) <= pool.spec.capacity:
-            moved = [f"{a.namespace}/{a.name} {format_quantity(b.quota)} -> {format_quantity(a.quota)}"
-                     for a, b in zip(trial, entries) if a.quota != b.quota and a.uid != entry.uid]
-            repairs.append(f"{entry.namespace}/{entry.name}: quota {format_quantity(entry.quota)} -> "
-                           f"{format_quantity(claim.min)} (below min)" + (f", taking from {', '.join(moved)}" if moved else ""))
+            moved = [
+                f"{a.namespace}/{a.name} {format_quantity(b.quota)} -> {format_quantity(a.quota)}"
+                for a, b in zip(trial, entries)
+                if a.quota != b.quota and a.uid != entry.uid
+            ]
+            repairs.append(
+                f"{entry.namespace}/{entry.name}: quota {format_quantity(entry.quota)} -> "
+                f"{format_quantity(claim.min)} (below min)" + (f", taking from {', '.join(moved)}" if moved else "")
+            )
             entries = trial
     excess = sum(a.allocated for a in entries) - pool.spec.capacity
     if excess > 0:
         trial = shrink(excess, keep=None)
-        moved = [f"{a.namespace}/{a.name} {format_quantity(b.quota)} -> {format_quantity(a.quota)}"
-                 for a, b in zip(trial, entries) if a.quota != b.quota]
+        moved = [
+            f"{a.namespace}/{a.name} {format_quantity(b.quota)} -> {format_quantity(a.quota)}"
+            for a, b in zip(trial, entries)
+            if a.quota != b.quota
+        ]
         if moved:
             repairs.append(f"allocations exceeded capacity {format_quantity(pool.spec.capacity)}: {', '.join(moved)}")
             entries = trial
     if not repairs:
         return status, []
-    return summarise(pool, status.model_copy(update={"allocations": entries,
-                                                     "reclaiming": _reclaim(status, dropped)})), repairs
+    return summarise(
+        pool, status.model_copy(update={"allocations": entries, "reclaiming": _reclaim(status, dropped)})
+    ), repairs
 
 
-def _refuse(pool: KVPool, status: KVPoolStatus, others: list[Allocation], queue: list[WaitingDeployment],
-            existing: Allocation | None, claim: Claim, message: str) -> Admission:
+def _refuse(
+    pool: KVPool,
+    status: KVPoolStatus,
+    others: list[Allocation],
+    queue: list[WaitingDeployment],
+    existing: Allocation | None,
+    claim: Claim,
+    message: str,
+) -> Admission:
     """No change for an admitted deployment (it keeps what it has, and the reason says what it lacks);
     a new one joins the queue."""
     if existing is not None:
-        held = (f"; it keeps {format_quantity(existing.quota)} per replica x {existing.replicas} meanwhile"
-                if existing.replicas else "")
+        held = (
+            f"; it keeps {format_quantity(existing.quota)} per replica x {existing.replicas} meanwhile"
+            if existing.replicas
+            else ""
+        )
         reason = "BelowMinimum" if existing.quota < claim.min else "InsufficientCapacity"
         return Admission(summarise(pool, status), existing, reason, message + held)
     return _wait(pool, status, others, queue, claim, "InsufficientCapacity", message)
 
 
-def _wait(pool: KVPool, status: KVPoolStatus, others: list[Allocation], queue: list[WaitingDeployment],
-          claim: Claim, reason: str, message: str) -> Admission:
+def _wait(
+    pool: KVPool,
+    status: KVPoolStatus,
+    others: list[Allocation],
+    queue: list[WaitingDeployment],
+    claim: Claim,
+    reason: str,
+    message: str,
+) -> Admission:
     earlier = next((w for w in status.waiting if w.uid == claim.uid), None)
-    entry = WaitingDeployment(namespace=claim.namespace, name=claim.name, uid=claim.uid, since=claim.created,
-                              needs=claim.min * claim.replicas, passed_over=earlier.passed_over if earlier else 0)
+    entry = WaitingDeployment(
+        namespace=claim.namespace,
+        name=claim.name,
+        uid=claim.uid,
+        since=claim.created,
+        needs=claim.min * claim.replicas,
+        passed_over=earlier.passed_over if earlier else 0,
+    )
     waiting = sorted([*queue, entry], key=lambda w: (w.since, w.namespace, w.name))
     other_uids = {a.uid for a in others}
     stale = [uuid for a in status.allocations if a.uid not in other_uids for uuid in a.volumes]
-    new = summarise(pool, status.model_copy(update={"allocations": others, "waiting": waiting,
-                                                    "reclaiming": _reclaim(status, stale)}))
+    new = summarise(
+        pool,
+        status.model_copy(update={"allocations": others, "waiting": waiting, "reclaiming": _reclaim(status, stale)}),
+    )
     return Admission(new, None, reason, message)

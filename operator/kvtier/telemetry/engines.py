@@ -131,20 +131,46 @@ class Snapshot:
 
 
 #: The counters of a :class:`Snapshot` (what windows turn into increases).
-COUNTERS = ("prompt_tokens", "prefix_cache_queries", "prefix_cache_hits", "external_queries", "external_hits",
-            "preemptions", "lmcache_requested", "lmcache_hit", "lmcache_hit_l1", "lmcache_hit_l2", "lmcache_lookups")
+COUNTERS = (
+    "prompt_tokens",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "external_queries",
+    "external_hits",
+    "preemptions",
+    "lmcache_requested",
+    "lmcache_hit",
+    "lmcache_hit_l1",
+    "lmcache_hit_l2",
+    "lmcache_lookups",
+)
 
 #: How each field is spelled on the wire, for messages that say which series is missing.
 SOURCES = {
-    "hbm_watermark": WATERMARK, "prompt_tokens": PROMPT_TOKENS, "prompt_tokens_by_source": PROMPT_TOKENS_BY_SOURCE,
-    "prefix_cache_queries": PREFIX_QUERIES, "prefix_cache_hits": PREFIX_HITS, "external_queries": EXTERNAL_QUERIES,
-    "external_hits": EXTERNAL_HITS, "preemptions": PREEMPTIONS, "ttft": TTFT, "lmcache_requested": LMCACHE_REQUESTED,
-    "lmcache_hit": LMCACHE_HIT, "lmcache_hit_l1": LMCACHE_HIT_L1, "lmcache_hit_l2": LMCACHE_HIT_L2,
-    "cpu_used_bytes": CPU_USED, "storage_used_bytes": (*STORAGE_USED, "quota API current_usage_gb"),
-    "storage_quota_bytes": ("quota API limit_gb",), "demand_chunks": (STACK_DISTANCE_CHUNKS,),
-    "demand_bytes": (STACK_DISTANCE_BYTES,), "demand_last_lookup": PROBE_LAST_LOOKUP,
-    "lmcache_lookups": LMCACHE_LOOKUPS, "probe_lookups": PROBE_LOOKUPS, "probe_decay_ticks": PROBE_DECAY_TICKS,
-    "probe_tick_seconds": PROBE_TICK_SECONDS, "probe_window_seconds": PROBE_WINDOW_SECONDS,
+    "hbm_watermark": WATERMARK,
+    "prompt_tokens": PROMPT_TOKENS,
+    "prompt_tokens_by_source": PROMPT_TOKENS_BY_SOURCE,
+    "prefix_cache_queries": PREFIX_QUERIES,
+    "prefix_cache_hits": PREFIX_HITS,
+    "external_queries": EXTERNAL_QUERIES,
+    "external_hits": EXTERNAL_HITS,
+    "preemptions": PREEMPTIONS,
+    "ttft": TTFT,
+    "lmcache_requested": LMCACHE_REQUESTED,
+    "lmcache_hit": LMCACHE_HIT,
+    "lmcache_hit_l1": LMCACHE_HIT_L1,
+    "lmcache_hit_l2": LMCACHE_HIT_L2,
+    "cpu_used_bytes": CPU_USED,
+    "storage_used_bytes": (*STORAGE_USED, "quota API current_usage_gb"),
+    "storage_quota_bytes": ("quota API limit_gb",),
+    "demand_chunks": (STACK_DISTANCE_CHUNKS,),
+    "demand_bytes": (STACK_DISTANCE_BYTES,),
+    "demand_last_lookup": PROBE_LAST_LOOKUP,
+    "lmcache_lookups": LMCACHE_LOOKUPS,
+    "probe_lookups": PROBE_LOOKUPS,
+    "probe_decay_ticks": PROBE_DECAY_TICKS,
+    "probe_tick_seconds": PROBE_TICK_SECONDS,
+    "probe_window_seconds": PROBE_WINDOW_SECONDS,
 }
 
 
@@ -243,7 +269,8 @@ class _Reader:
             return None
         counts = [count for _, count in pairs]
         if any(not math.isfinite(count) or count < 0 for count in counts) or any(
-                later < earlier for earlier, later in zip(counts, counts[1:])):
+            later < earlier for earlier, later in zip(counts, counts[1:])
+        ):
             self.problems.append(f"{name}: bucket counts are not cumulative: histogram ignored")
             return None
         sum_name = name[: -len("_bucket")] + "_sum"

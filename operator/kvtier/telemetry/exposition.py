@@ -50,12 +50,12 @@ _SAMPLE = re.compile(
     re.DOTALL,
 )
 # One label and the comma after it (or the end of the body); pairs must follow each other exactly.
-_LABEL_PAIR = re.compile(
-    rf'[ \t]*({_LABEL_NAME})[ \t]*=[ \t]*"((?:[^"\\]++|\\.)*+)"[ \t]*(?:,|\Z)', re.DOTALL)
+_LABEL_PAIR = re.compile(rf'[ \t]*({_LABEL_NAME})[ \t]*=[ \t]*"((?:[^"\\]++|\\.)*+)"[ \t]*(?:,|\Z)', re.DOTALL)
 _ESCAPE = re.compile(r"\\(.)", re.DOTALL)
 _UNESCAPED = {"\\": "\\", '"': '"', "n": "\n"}
-_TYPES = frozenset({"counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset",
-                    "gaugehistogram"})
+_TYPES = frozenset(
+    {"counter", "gauge", "histogram", "summary", "untyped", "unknown", "info", "stateset", "gaugehistogram"}
+)
 
 
 class Sample(NamedTuple):
@@ -155,8 +155,13 @@ def parse_exposition(
             raw = body.encode("utf-8", errors="replace") if isinstance(body, str) else bytes(body)
             body = raw[: raw.rfind(b"\n", 0, max_bytes) + 1]  # whole lines only
             page.truncated = True
-            problems.append(Problem(0, f"page of {size} bytes is over the limit of {max_bytes}: read the first "
-                                       f"{max_bytes} (up to the last full line)"))
+            problems.append(
+                Problem(
+                    0,
+                    f"page of {size} bytes is over the limit of {max_bytes}: read the first "
+                    f"{max_bytes} (up to the last full line)",
+                )
+            )
         _parse_lines(_decode(body, problems), page, max_series)
     except Exception as error:
         problems.append(Problem(0, f"parser error: {type(error).__name__}: {error}"))

@@ -58,21 +58,26 @@ def deployment_queries(selector: str, window_seconds: float) -> dict[str, str]:
     window = f"[{max(1, round(window_seconds))}s]"
     by_pod = f"sum by ({POD})"
     queries = {
-        name: _either(f"{by_pod} (increase({metric}_total{{{selector}}}{window}))"
-                      for names in families for metric in names)
+        name: _either(
+            f"{by_pod} (increase({metric}_total{{{selector}}}{window}))" for names in families for metric in names
+        )
         for name, families in _COUNTER_QUERIES.items()
     }
     queries["hbm_watermark"] = _either(f"avg by ({POD}) ({metric}{{{selector}}})" for metric in engines.WATERMARK)
-    queries["hbm_watermark_mean"] = _either(f"avg by ({POD}) (avg_over_time({metric}{{{selector}}}{window}))"
-                                            for metric in engines.WATERMARK)
-    queries["hbm_watermark_max"] = _either(f"max by ({POD}) (max_over_time({metric}{{{selector}}}{window}))"
-                                           for metric in engines.WATERMARK)
+    queries["hbm_watermark_mean"] = _either(
+        f"avg by ({POD}) (avg_over_time({metric}{{{selector}}}{window}))" for metric in engines.WATERMARK
+    )
+    queries["hbm_watermark_max"] = _either(
+        f"max by ({POD}) (max_over_time({metric}{{{selector}}}{window}))" for metric in engines.WATERMARK
+    )
     queries["storage_used_bytes"] = f"{by_pod} ({engines.STORAGE_USED[0]}{{{selector}}})"
     for name, metric in (("demand_bytes", STACK_DISTANCE_BYTES), ("demand_chunks", STACK_DISTANCE_CHUNKS)):
         queries[name] = f"sum by ({POD}, le) ({metric}_bucket{{{selector}}})"
     for name, quantile in _QUANTILES.items():
-        queries[name] = _either(f"histogram_quantile({quantile}, sum by (le) (rate({metric}_bucket{{{selector}}}"
-                                f"{window})))" for metric in engines.TTFT)
+        queries[name] = _either(
+            f"histogram_quantile({quantile}, sum by (le) (rate({metric}_bucket{{{selector}}}{window})))"
+            for metric in engines.TTFT
+        )
     return queries
 
 
@@ -139,8 +144,7 @@ def _buckets_by_pod(samples: list[tuple[dict[str, str], float]]) -> dict[str, Bu
             le = math.nan
         if pod is not None and not math.isnan(le) and math.isfinite(value):
             pairs.setdefault(pod, {})[le] = value
-    return {pod: Buckets(tuple(sorted(buckets.items()))) for pod, buckets in pairs.items()
-            if math.inf in buckets}
+    return {pod: Buckets(tuple(sorted(buckets.items()))) for pod, buckets in pairs.items() if math.inf in buckets}
 
 
 def summary_from_results(
@@ -159,8 +163,11 @@ def summary_from_results(
     """
     answers = {name: parse_vector(body) for name, body in results.items()}
     errors = sorted(f"{name}: {error}" for name, (_, error) in answers.items() if error)
-    values = {name: _by_pod(samples) for name, (samples, _) in answers.items()
-              if not name.startswith("demand_") and name not in _QUANTILES}
+    values = {
+        name: _by_pod(samples)
+        for name, (samples, _) in answers.items()
+        if not name.startswith("demand_") and name not in _QUANTILES
+    }
     demand = {name: _buckets_by_pod(answers[name][0]) for name in ("demand_bytes", "demand_chunks") if name in answers}
     quotas = quotas or {}
     fresh = values.get("hbm_watermark", {})
@@ -195,5 +202,9 @@ def summary_from_results(
         finite = [value for _, value in samples if math.isfinite(value)]
         quantiles[name] = finite[0] if len(finite) == 1 else None
     stale = "; ".join(filter(None, [summary.stale, *errors])) or None
-    return replace(summary, stale=stale, ttft_p50_seconds=quantiles["ttft_p50_seconds"],
-                   ttft_p99_seconds=quantiles["ttft_p99_seconds"])
+    return replace(
+        summary,
+        stale=stale,
+        ttft_p50_seconds=quantiles["ttft_p50_seconds"],
+        ttft_p99_seconds=quantiles["ttft_p99_seconds"],
+    )

@@ -59,24 +59,28 @@ def kv_status(summary: Summary, sampled_at: datetime | None = None) -> dict[str,
     """``status.kv`` (camelCase, rounded; absent numbers left out, so a merge patch keeps the old ones)."""
     hit = summary.hit_ratio
     used = summary.storage_used_bytes
-    return _drop_none({
-        "hbmWatermark": _ratio(summary.hbm_watermark_mean),
-        "hbmWatermarkMax": _ratio(summary.hbm_watermark_max),
-        "hitRatio": _drop_none({tier: _ratio(getattr(hit, tier)) for tier in ("hbm", "cpu", "storage", "total")}),
-        "ttftP50Seconds": _round(summary.ttft_p50_seconds),
-        "ttftP99Seconds": _round(summary.ttft_p99_seconds),
-        "preemptionsPerSecond": _round(summary.preemptions_per_second),
-        "promptTokensPerSecond": _round(summary.prompt_tokens_per_second),
-        "storage": {"used": format_quantity(int(used))} if used is not None and math.isfinite(used) else None,
-        "demand": demand_points(summary),
-        "sampledAt": (sampled_at or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "shown": _drop_none({
-            "hbmWatermark": percent(_ratio(summary.hbm_watermark_mean)),
-            "hitRatio": percent(_ratio(hit.total)),
-            "storageHitRatio": percent(_ratio(hit.storage)),
-            "ttftP50": seconds(summary.ttft_p50_seconds),
-        }),
-    })
+    return _drop_none(
+        {
+            "hbmWatermark": _ratio(summary.hbm_watermark_mean),
+            "hbmWatermarkMax": _ratio(summary.hbm_watermark_max),
+            "hitRatio": _drop_none({tier: _ratio(getattr(hit, tier)) for tier in ("hbm", "cpu", "storage", "total")}),
+            "ttftP50Seconds": _round(summary.ttft_p50_seconds),
+            "ttftP99Seconds": _round(summary.ttft_p99_seconds),
+            "preemptionsPerSecond": _round(summary.preemptions_per_second),
+            "promptTokensPerSecond": _round(summary.prompt_tokens_per_second),
+            "storage": {"used": format_quantity(int(used))} if used is not None and math.isfinite(used) else None,
+            "demand": demand_points(summary),
+            "sampledAt": (sampled_at or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "shown": _drop_none(
+                {
+                    "hbmWatermark": percent(_ratio(summary.hbm_watermark_mean)),
+                    "hitRatio": percent(_ratio(hit.total)),
+                    "storageHitRatio": percent(_ratio(hit.storage)),
+                    "ttftP50": seconds(summary.ttft_p50_seconds),
+                }
+            ),
+        }
+    )
 
 
 def percent(ratio: float | None) -> str | None:
@@ -95,8 +99,9 @@ def seconds(value: float | None) -> str | None:
     return f"{value:.3g}s" if value < 100 else f"{value:.0f}s"
 
 
-def metrics_condition(summary: Summary | None, ready_replicas: int, failures: Sequence[str] = ()
-                      ) -> tuple[str, str, str]:
+def metrics_condition(
+    summary: Summary | None, ready_replicas: int, failures: Sequence[str] = ()
+) -> tuple[str, str, str]:
     """``MetricsAvailable``: True when every Ready replica reports fresh metrics; False saying why
     when scrapes fail or the numbers are stale; Unknown while there is nothing to scrape yet.
 
@@ -144,20 +149,35 @@ class Alerts:
                 self._high_since = now
             if not self._high_reported and now - self._high_since >= rules.watermark_seconds:
                 self._high_reported = True
-                events.append(("Warning", "HBMWatermarkHigh",
-                               f"GPU KV cache {watermark:.0%} full (>= {rules.watermark_threshold:.0%} for "
-                               f"{now - self._high_since:.0f}s): requests queue or are preempted"))
+                events.append(
+                    (
+                        "Warning",
+                        "HBMWatermarkHigh",
+                        f"GPU KV cache {watermark:.0%} full (>= {rules.watermark_threshold:.0%} for "
+                        f"{now - self._high_since:.0f}s): requests queue or are preempted",
+                    )
+                )
         elif watermark is not None:
             if self._high_reported:
-                events.append(("Normal", "HBMWatermarkNormal",
-                               f"GPU KV cache {watermark:.0%} full, below {rules.watermark_threshold:.0%} again"))
+                events.append(
+                    (
+                        "Normal",
+                        "HBMWatermarkNormal",
+                        f"GPU KV cache {watermark:.0%} full, below {rules.watermark_threshold:.0%} again",
+                    )
+                )
             self._high_since, self._high_reported = None, False
         total = summary.hit_ratio.total
         if total is not None and summary.stale is None:
             if self._peak is None or total > self._peak:
                 self._peak = total
             elif self._peak - total >= rules.hit_ratio_drop:
-                events.append(("Warning", "HitRatioFell",
-                               f"cache hit ratio fell from {self._peak:.0%} to {total:.0%} of prompt tokens"))
+                events.append(
+                    (
+                        "Warning",
+                        "HitRatioFell",
+                        f"cache hit ratio fell from {self._peak:.0%} to {total:.0%} of prompt tokens",
+                    )
+                )
                 self._peak = total
         return events

@@ -107,8 +107,11 @@ class Scraper:
         # Idle connections are kept between cycles (keepalive), the open ones bounded by the semaphore.
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self.keepalive, ttl_dns_cache=None)
         self._session = aiohttp.ClientSession(
-            connector=connector, headers={"Accept": _ACCEPT, "User-Agent": "kvtier-operator"},
-            timeout=aiohttp.ClientTimeout(total=self.timeout), auto_decompress=True)
+            connector=connector,
+            headers={"Accept": _ACCEPT, "User-Agent": "kvtier-operator"},
+            timeout=aiohttp.ClientTimeout(total=self.timeout),
+            auto_decompress=True,
+        )
         self._semaphore = asyncio.Semaphore(self.concurrency)
         return self
 
@@ -153,21 +156,28 @@ class Scraper:
             try:
                 body = await self.fetch(url)
             except ScrapeError as error:
-                return self._record(Scrape(target, endpoint, at, time.perf_counter() - start,
-                                           error=error.reason, detail=error.detail))
+                return self._record(
+                    Scrape(target, endpoint, at, time.perf_counter() - start, error=error.reason, detail=error.detail)
+                )
         if endpoint == "quota":
             try:
                 data = json.loads(body)
             except ValueError as error:  # also bad UTF-8
-                return self._record(Scrape(target, endpoint, at, time.perf_counter() - start, error="parse",
-                                           detail=f"not JSON: {error}"))
+                return self._record(
+                    Scrape(
+                        target, endpoint, at, time.perf_counter() - start, error="parse", detail=f"not JSON: {error}"
+                    )
+                )
             return self._record(Scrape(target, endpoint, at, time.perf_counter() - start, data=data))
         page = parse_exposition(body, max_bytes=self.max_bytes)
         duration = time.perf_counter() - start
         if page.problems and not page.series:
             problem = page.problems[0]
-            return self._record(Scrape(target, endpoint, at, duration, page=page, error="parse",
-                                       detail=f"no readable sample ({problem})"))
+            return self._record(
+                Scrape(
+                    target, endpoint, at, duration, page=page, error="parse", detail=f"no readable sample ({problem})"
+                )
+            )
         return self._record(Scrape(target, endpoint, at, duration, page=page))
 
     async def scrape_all(self, targets: Iterable[Target]) -> list[Scrape]:
@@ -217,8 +227,11 @@ class PrometheusClient:
                 with contextlib.suppress(ValueError, RecursionError):
                     explained = json.loads(error.body) if error.body else None
                     if isinstance(explained, dict) and explained.get("status") == "error":
-                        answer = {"status": "error", "errorType": explained.get("errorType", "error"),
-                                  "error": f"{answer['error']}: {explained.get('error', 'no reason given')}"}
+                        answer = {
+                            "status": "error",
+                            "errorType": explained.get("errorType", "error"),
+                            "error": f"{answer['error']}: {explained.get('error', 'no reason given')}",
+                        }
             except ValueError as error:
                 answer, reason = {"status": "error", "error": f"not JSON: {error}"}, "parse"
         if self.scraper.metrics is not None:

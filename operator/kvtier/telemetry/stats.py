@@ -133,7 +133,8 @@ def buckets_increase(values: Iterable[Buckets | None]) -> Buckets | None:
             continue
         if previous is not None:
             restarted = value.bounds != previous.bounds or any(
-                now < before for (_, now), (_, before) in zip(value.pairs, previous.pairs))
+                now < before for (_, now), (_, before) in zip(value.pairs, previous.pairs)
+            )
             if restarted:
                 steps = [count for _, count in value.pairs]
                 if total is not None and value.bounds != previous.bounds:
@@ -234,8 +235,9 @@ class DeploymentWindow:
             increase = counter_increase(getattr(snapshot, name) for _, snapshot in used)
             if increase is not None:
                 increases[name] = increase
-        inside = [snapshot.hbm_watermark for time, snapshot in used
-                  if time > start and snapshot.hbm_watermark is not None]
+        inside = [
+            snapshot.hbm_watermark for time, snapshot in used if time > start and snapshot.hbm_watermark is not None
+        ]
         return ReplicaWindow(
             seconds=newest_time - used[0][0],
             increases=increases,
@@ -303,8 +305,11 @@ def summarise(windows: Mapping[str, ReplicaWindow], expected: Iterable[str] | No
 
 
 def _rate(replicas: list[ReplicaWindow], name: str) -> float | None:
-    rates = [window.increases[name] / window.seconds for window in replicas
-             if window.seconds > 0 and name in window.increases]
+    rates = [
+        window.increases[name] / window.seconds
+        for window in replicas
+        if window.seconds > 0 and name in window.increases
+    ]
     return math.fsum(rates) if rates else None
 
 
@@ -367,8 +372,13 @@ class Tolerances:
 
 #: Summary fields compared by :func:`materially_changed`, by tolerance.
 _RATIOS = ("hbm_watermark_mean", "hbm_watermark_max")
-_RELATIVE = ("prompt_tokens_per_second", "ttft_p50_seconds", "ttft_p99_seconds", "preemptions_per_second",
-             "storage_used_bytes")
+_RELATIVE = (
+    "prompt_tokens_per_second",
+    "ttft_p50_seconds",
+    "ttft_p99_seconds",
+    "preemptions_per_second",
+    "storage_used_bytes",
+)
 _EXACT = ("replicas", "storage_quota_bytes", "stale")
 
 
@@ -383,8 +393,10 @@ def materially_changed(old: Summary | None, new: Summary, tolerances: Tolerances
     if any(getattr(old, name) != getattr(new, name) for name in _EXACT):
         return True
     pairs = [(getattr(old, name), getattr(new, name), False) for name in _RATIOS]
-    pairs += [(getattr(old.hit_ratio, tier), getattr(new.hit_ratio, tier), False)
-              for tier in ("hbm", "cpu", "storage", "total")]
+    pairs += [
+        (getattr(old.hit_ratio, tier), getattr(new.hit_ratio, tier), False)
+        for tier in ("hbm", "cpu", "storage", "total")
+    ]
     pairs += [(getattr(old, name), getattr(new, name), True) for name in _RELATIVE]
     for before, after, relative in pairs:
         if (before is None) != (after is None):
@@ -395,4 +407,3 @@ def materially_changed(old: Summary | None, new: Summary, tolerances: Tolerances
         if abs(after - before) > limit:
             return True
     return False
-

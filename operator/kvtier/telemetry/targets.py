@@ -95,8 +95,9 @@ def target_of(pod: Mapping[str, Any]) -> Target | None:
             ports.append((kind, port))
     if not ports:
         return None
-    return Target(metadata.get("namespace") or "", deployment, metadata.get("name") or "",
-                  pod["status"]["podIP"], tuple(ports))
+    return Target(
+        metadata.get("namespace") or "", deployment, metadata.get("name") or "", pod["status"]["podIP"], tuple(ports)
+    )
 
 
 class TargetIndex:
@@ -156,8 +157,9 @@ class TargetIndex:
                     self._listed.add(namespace)
                     if len(self._listed) == len(self.namespaces):
                         self.synced.set()
-                async for event in kube.watch(PODS, namespace, resource_version=version,
-                                              timeout_seconds=timeout_seconds, label_selector=selector):
+                async for event in kube.watch(
+                    PODS, namespace, resource_version=version, timeout_seconds=timeout_seconds, label_selector=selector
+                ):
                     kind, obj = event.get("type"), event.get("object") or {}
                     if kind == "ERROR":
                         if obj.get("code") == 410:

@@ -139,8 +139,9 @@ class SimulatedCluster:
         """Before the operator starts: its namespace (subclasses add credentials)."""
         assert self.kube is not None and self.operator is not None
         if await self.kube.get_or_none(NAMESPACES, None, self.operator.namespace) is None:
-            await self.kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace",
-                                                "metadata": {"name": self.operator.namespace}})
+            await self.kube.create(
+                NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": self.operator.namespace}}
+            )
 
     async def start(self) -> SimulatedCluster:
         await self._start_api()
@@ -148,8 +149,9 @@ class SimulatedCluster:
         self.kube = await KubeClient(connection, user_agent="kvtier-podsim").open()
         if self.install_crds:
             await self._install_crds()
-        self.simulator = PodSimulator(self.kube, self.nodes, engine_factory=self.engine_factory,
-                                      components=self.components)
+        self.simulator = PodSimulator(
+            self.kube, self.nodes, engine_factory=self.engine_factory, components=self.components
+        )
         await self.simulator.register_nodes()
         self._simulator_task = asyncio.create_task(self.simulator.run(), name="kvtier-podsim")
         if self.operator is not None:
@@ -200,8 +202,9 @@ class SimulatedCluster:
 class EmbeddedCluster(SimulatedCluster):
     """The API emulator (:mod:`kvtier.testing.apiserver`) with every part of the pod simulator."""
 
-    def __init__(self, nodes: list[NodeSpec] | None = None, *, port: int = 0, validate_builtins: bool = True,
-                 **kwargs: Any):
+    def __init__(
+        self, nodes: list[NodeSpec] | None = None, *, port: int = 0, validate_builtins: bool = True, **kwargs: Any
+    ):
         super().__init__(nodes, **kwargs)
         self.server = APIServer(port=port, validate_builtins=validate_builtins)
 
@@ -311,8 +314,13 @@ class ExternalCluster(_LoopThread):
         self.stop()
 
 
-async def serve_until_signalled(cluster: SimulatedCluster, *, echo: Callable[[str], None] = print,
-                                kind: str = "embedded cluster", kubectl: str = "kubectl") -> int:
+async def serve_until_signalled(
+    cluster: SimulatedCluster,
+    *,
+    echo: Callable[[str], None] = print,
+    kind: str = "embedded cluster",
+    kubectl: str = "kubectl",
+) -> int:
     """`kvtier dev up`: run a cluster (and the operator) until SIGINT or SIGTERM, saying how to use it; returns
     the signal's number. The kubeconfig is removed on the way out (the server it names is gone)."""
     stop = asyncio.Event()

@@ -51,14 +51,18 @@ def cache_root() -> Path:
 def find_binaries() -> Path:
     """The directory holding all four components: ``$KVTIER_CONTROL_PLANE_BIN``, else the newest build in the cache."""
     configured = os.environ.get(BIN_ENV)
-    candidates = [Path(configured)] if configured else sorted(
-        cache_root().glob("*/bin"), key=lambda path: path.stat().st_mtime, reverse=True)
+    candidates = (
+        [Path(configured)]
+        if configured
+        else sorted(cache_root().glob("*/bin"), key=lambda path: path.stat().st_mtime, reverse=True)
+    )
     for directory in candidates:
         if all(os.access(directory / name, os.X_OK) for name in COMPONENTS):
             return directory
     where = f"${BIN_ENV}={configured}" if configured else str(cache_root() / "*" / "bin")
     raise ControlPlaneUnavailable(
-        f"no control plane binaries ({', '.join(COMPONENTS)}) in {where}: build them with ./hack/control-plane.sh (needs Go)")
+        f"no control plane binaries ({', '.join(COMPONENTS)}) in {where}: build them with ./hack/control-plane.sh (needs Go)"
+    )
 
 
 def free_port() -> int:
@@ -78,29 +82,64 @@ def make_certificates(directory: Path) -> None:
     if shutil.which("openssl") is None:
         raise ControlPlaneUnavailable("the control plane harness needs the `openssl` command to make certificates")
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=kvtier-test-ca",
-             cwd=directory)
-    sans = "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default," \
-           "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=kvtier-test-ca",
+        cwd=directory,
+    )
+    sans = (
+        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+        "DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    )
     for name, subject, extensions in (
         ("apiserver", "/CN=kube-apiserver", [sans, "extendedKeyUsage=serverAuth"]),
         ("admin", "/O=system:masters/CN=kvtier-admin", ["extendedKeyUsage=clientAuth"]),
     ):
         _openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject, cwd=directory)
         (directory / f"{name}.ext").write_text("\n".join(["basicConstraints=CA:FALSE", *extensions]) + "\n")
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=directory)
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.crt",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+            cwd=directory,
+        )
     _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-out", "sa.key", cwd=directory)
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
 
 
-def kubeconfig(server: str, ca: Path, *, user: str, token: str | None = None,
-               cert: Path | None = None, key: Path | None = None) -> dict[str, Any]:
+def kubeconfig(
+    server: str, ca: Path, *, user: str, token: str | None = None, cert: Path | None = None, key: Path | None = None
+) -> dict[str, Any]:
     """A one-context kubeconfig: client certificate or bearer token."""
-    credentials: dict[str, Any] = {"token": token} if token else {
-        "client-certificate": str(cert), "client-key": str(key)}
+    credentials: dict[str, Any] = (
+        {"token": token} if token else {"client-certificate": str(cert), "client-key": str(key)}
+    )
     return {
-        "apiVersion": "v1", "kind": "Config", "current-context": user, "preferences": {},
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": user,
+        "preferences": {},
         "clusters": [{"name": "kvtier-control-plane", "cluster": {"server": server, "certificate-authority": str(ca)}}],
         "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": user, "context": {"cluster": "kvtier-control-plane", "user": user}}],
@@ -150,40 +189,83 @@ class ControlPlane:
         self.url = f"https://127.0.0.1:{api_port}"
         components_kubeconfig = d / "components.kubeconfig"
         self.write_kubeconfig(components_kubeconfig, user="kvtier-admin", cert=d / "admin.crt", key=d / "admin.key")
-        self._spawn("etcd", [
-            "--name=kvtier", f"--data-dir={d / 'etcd'}", f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
-            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}", f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
-            f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
-            f"--initial-cluster=kvtier=http://127.0.0.1:{etcd_peer}", "--unsafe-no-fsync", "--log-level=warn",
-        ])
-        self._spawn("kube-apiserver", [
-            f"--etcd-servers=http://127.0.0.1:{etcd_port}", "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={api_port}", f"--tls-cert-file={d / 'apiserver.crt'}",
-            f"--tls-private-key-file={d / 'apiserver.key'}", f"--client-ca-file={d / 'ca.crt'}",
-            f"--service-account-key-file={d / 'sa.pub'}", f"--service-account-signing-key-file={d / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC", "--allow-privileged=true",
-            f"--cert-dir={d / 'apiserver-certs'}", "--profiling=false", "--v=1",
-            "--endpoint-reconciler-type=none",  # the `kubernetes` Service may not point at 127.0.0.1
-        ])
+        self._spawn(
+            "etcd",
+            [
+                "--name=kvtier",
+                f"--data-dir={d / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=kvtier=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        self._spawn(
+            "kube-apiserver",
+            [
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--tls-cert-file={d / 'apiserver.crt'}",
+                f"--tls-private-key-file={d / 'apiserver.key'}",
+                f"--client-ca-file={d / 'ca.crt'}",
+                f"--service-account-key-file={d / 'sa.pub'}",
+                f"--service-account-signing-key-file={d / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                f"--cert-dir={d / 'apiserver-certs'}",
+                "--profiling=false",
+                "--v=1",
+                "--endpoint-reconciler-type=none",  # the `kubernetes` Service may not point at 127.0.0.1
+            ],
+        )
         self._wait_ready(self.url + "/readyz", timeout, component="kube-apiserver")
-        self._spawn("kube-controller-manager", [
-            f"--kubeconfig={components_kubeconfig}", f"--authentication-kubeconfig={components_kubeconfig}",
-            f"--authorization-kubeconfig={components_kubeconfig}", "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}", f"--cert-dir={d / 'kcm-certs'}", "--leader-elect=false",
-            f"--service-account-private-key-file={d / 'sa.key'}", f"--root-ca-file={d / 'ca.crt'}",
-            "--use-service-account-credentials=true", f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--controllers=*", "--profiling=false", "--v=1",
-        ])
-        self._spawn("kube-scheduler", [
-            f"--kubeconfig={components_kubeconfig}", f"--authentication-kubeconfig={components_kubeconfig}",
-            f"--authorization-kubeconfig={components_kubeconfig}", "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}", f"--cert-dir={d / 'scheduler-certs'}", "--leader-elect=false",
-            "--profiling=false", "--v=1",
-        ])
+        self._spawn(
+            "kube-controller-manager",
+            [
+                f"--kubeconfig={components_kubeconfig}",
+                f"--authentication-kubeconfig={components_kubeconfig}",
+                f"--authorization-kubeconfig={components_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--cert-dir={d / 'kcm-certs'}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={d / 'sa.key'}",
+                f"--root-ca-file={d / 'ca.crt'}",
+                "--use-service-account-credentials=true",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--controllers=*",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self._spawn(
+            "kube-scheduler",
+            [
+                f"--kubeconfig={components_kubeconfig}",
+                f"--authentication-kubeconfig={components_kubeconfig}",
+                f"--authorization-kubeconfig={components_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--cert-dir={d / 'scheduler-certs'}",
+                "--leader-elect=false",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
         # The controller manager works once the service-account controller made `default`'s account.
-        self._wait_ready(self.url + "/api/v1/namespaces/default/serviceaccounts/default", timeout,
-                         component="kube-controller-manager", authenticated=True)
+        self._wait_ready(
+            self.url + "/api/v1/namespaces/default/serviceaccounts/default",
+            timeout,
+            component="kube-controller-manager",
+            authenticated=True,
+        )
         # Written last: a kubeconfig that exists is one that works.
         self.kubeconfig = self._requested_kubeconfig or d / "admin.kubeconfig"
         self.write_kubeconfig(self.kubeconfig, user="kvtier-admin", cert=d / "admin.crt", key=d / "admin.key")
@@ -219,8 +301,9 @@ class ControlPlane:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def write_kubeconfig(self, path: Path, *, user: str, token: str | None = None,
-                         cert: Path | None = None, key: Path | None = None) -> Path:
+    def write_kubeconfig(
+        self, path: Path, *, user: str, token: str | None = None, cert: Path | None = None, key: Path | None = None
+    ) -> Path:
         assert self.directory is not None, "start the control plane first"
         path.parent.mkdir(parents=True, exist_ok=True)
         config = kubeconfig(self.url, self.directory / "ca.crt", user=user, token=token, cert=cert, key=key)
@@ -239,8 +322,14 @@ class ControlPlane:
         assert self.directory is not None
         log = self.directory / f"{name}.log"
         with log.open("wb") as out:
-            popen = subprocess.Popen([str(self.binaries / name), *args], stdout=out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=self.directory, start_new_session=True)
+            popen = subprocess.Popen(
+                [str(self.binaries / name), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.directory,
+                start_new_session=True,
+            )
         self._processes.append(_Process(name, popen, log))
 
     def _wait_ready(self, url: str, timeout: float, *, component: str, authenticated: bool = False) -> None:
@@ -253,8 +342,9 @@ class ControlPlane:
         while time.monotonic() < deadline:
             for process in self._processes:
                 if process.popen.poll() is not None:
-                    raise RuntimeError(f"{process.name} exited with {process.popen.returncode}:\n"
-                                       f"{self.logs(process.name)}")
+                    raise RuntimeError(
+                        f"{process.name} exited with {process.popen.returncode}:\n{self.logs(process.name)}"
+                    )
             try:
                 with urllib.request.urlopen(url, context=context, timeout=5) as reply:
                     if reply.status == 200:

@@ -55,7 +55,12 @@ def _stub_app(container: dict[str, Any]) -> web.Application:
         return web.Response(text="", content_type="text/plain")
 
     def quota_entry(salt: str) -> dict[str, Any]:
-        return {"cache_salt": salt, "limit_gb": quotas.get(salt, 0.0), "current_usage_gb": 0.0, "exists": salt in quotas}
+        return {
+            "cache_salt": salt,
+            "limit_gb": quotas.get(salt, 0.0),
+            "current_usage_gb": 0.0,
+            "exists": salt in quotas,
+        }
 
     async def get_quota(request: web.Request) -> web.Response:
         return web.json_response(quota_entry(request.match_info["salt"]))
@@ -76,8 +81,9 @@ def _stub_app(container: dict[str, Any]) -> web.Application:
 
     async def list_quotas(_: web.Request) -> web.Response:
         # LMCache 0.5.6's shape: an object keyed by salt.
-        return web.json_response({"users": {salt: {"limit_gb": limit, "current_usage_gb": 0.0}
-                                            for salt, limit in sorted(quotas.items())}})
+        return web.json_response(
+            {"users": {salt: {"limit_gb": limit, "current_usage_gb": 0.0} for salt, limit in sorted(quotas.items())}}
+        )
 
     app = web.Application()
     app.router.add_get("/health", health)
@@ -103,8 +109,9 @@ async def stub_engine(pod: dict[str, Any], container: dict[str, Any], address: s
     return RunningEngine(runner)
 
 
-def embedded_engines(root: str | os.PathLike[str] | None = None,
-                     trace_dir: str | os.PathLike[str] | None = None) -> KvsimEngines:
+def embedded_engines(
+    root: str | os.PathLike[str] | None = None, trace_dir: str | os.PathLike[str] | None = None
+) -> KvsimEngines:
     """The embedded cluster's factory (:class:`~kvtier.sim.pods.KvsimEngines`): kvsim for vllm/lmcache/probe containers, the stub for others,
     and :data:`DEFAULT_TRACE` (looped) as the load of pods that name no trace, when it can be found."""
     directory = Path(trace_dir) if trace_dir is not None else find_trace_dir()

@@ -42,8 +42,14 @@ class ControlPlaneCluster(SimulatedCluster):
 
     components = podsim.UNDER_CONTROL_PLANE
 
-    def __init__(self, nodes: list[NodeSpec] | None = None, *, binaries: Path | None = None,
-                 operator_rbac: list[dict[str, Any]] | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        nodes: list[NodeSpec] | None = None,
+        *,
+        binaries: Path | None = None,
+        operator_rbac: list[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(nodes, **kwargs)
         self.control_plane = ControlPlane(binaries or find_binaries(), kubeconfig=self.kubeconfig)
         #: The operator's ServiceAccount and RBAC objects; None: the operator uses the admin's credentials.
@@ -83,8 +89,10 @@ class ControlPlaneCluster(SimulatedCluster):
         """A token for the account from the TokenRequest API (what a projected volume gives a pod)."""
         assert self.kube is not None
         reply = await self.kube.request(
-            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}})
+            "POST",
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}},
+        )
         return str(reply["status"]["token"])
 
 
@@ -98,8 +106,10 @@ async def wait_established(kube: Any, names: list[str], timeout: float = 60) -> 
                 crd = await kube.get(CUSTOMRESOURCEDEFINITIONS, None, name)
             except APIError:
                 continue
-            if any(c.get("type") == "Established" and c.get("status") == "True"
-                   for c in (crd.get("status") or {}).get("conditions") or []):
+            if any(
+                c.get("type") == "Established" and c.get("status") == "True"
+                for c in (crd.get("status") or {}).get("conditions") or []
+            ):
                 pending.remove(name)
         if pending and time.monotonic() > deadline:
             raise TimeoutError(f"CRDs not Established within {timeout}s: {pending}")

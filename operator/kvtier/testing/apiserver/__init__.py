@@ -25,6 +25,14 @@ from .faults import FaultInjector, FaultRule, RequestLog, RequestRecord
 from .server import APIServer, ThreadedAPIServer, write_kubeconfig
 
 __all__ = [
-    "APIServer", "Cluster", "FaultInjector", "FaultRule", "RequestLog", "RequestRecord", "StatusError",
-    "ThreadedAPIServer", "WriteOptions", "write_kubeconfig",
+    "APIServer",
+    "Cluster",
+    "FaultInjector",
+    "FaultRule",
+    "RequestLog",
+    "RequestRecord",
+    "StatusError",
+    "ThreadedAPIServer",
+    "WriteOptions",
+    "write_kubeconfig",
 ]

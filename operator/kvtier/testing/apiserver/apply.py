@@ -150,9 +150,7 @@ def _entry(entries: list[dict[str, Any]], manager: str, operation: str, api_vers
     return entry
 
 
-def record_update(
-    old: dict[str, Any] | None, new: dict[str, Any], manager: str, list_keys: ListKeys, now: str
-) -> None:
+def record_update(old: dict[str, Any] | None, new: dict[str, Any], manager: str, list_keys: ListKeys, now: str) -> None:
     """Give `manager` the leaves a non-apply write changed; store managedFields on `new`."""
     entries = decode_managed(old or {}) if new["metadata"].get("managedFields") is None else decode_managed(new)
     before = leaves(old, list_keys) if old else {}
@@ -195,7 +193,10 @@ def _remove(obj: dict[str, Any], path: Path) -> None:
             node = node[part[2:]]
         elif part.startswith("k:") and isinstance(node, list):
             want = json.loads(part[2:])
-            index = next((n for n, i in enumerate(node) if isinstance(i, dict) and all(i.get(k) == v for k, v in want.items())), None)
+            index = next(
+                (n for n, i in enumerate(node) if isinstance(i, dict) and all(i.get(k) == v for k, v in want.items())),
+                None,
+            )
             if index is None:
                 return
             trail.append((node, index))
@@ -267,10 +268,14 @@ def server_side_apply(
                 else:
                     conflicts.append((entry["manager"], path))
     if conflicts:
-        causes = [{"reason": "FieldManagerConflict", "message": f'conflict with "{m}"', "field": _readable(p)} for m, p in conflicts]
+        causes = [
+            {"reason": "FieldManagerConflict", "message": f'conflict with "{m}"', "field": _readable(p)}
+            for m, p in conflicts
+        ]
         summary = "\n".join(f'- conflict with "{m}": {_readable(p)}' for m, p in conflicts)
         raise StatusError(
-            409, "Conflict",
+            409,
+            "Conflict",
             f"Apply failed with {len(conflicts)} conflict{'s' if len(conflicts) > 1 else ''}: {summary}",
             details={"causes": causes},
         )
@@ -285,4 +290,3 @@ def server_side_apply(
     mine["_paths"] = set(applied)
     result.setdefault("metadata", {})["managedFields"] = encode_managed(entries)
     return result
-

@@ -100,9 +100,20 @@ def _get_path(obj: Any, path: str) -> Any:
 
 
 _META_TYPES: dict[str, type] = {
-    "name": str, "generateName": str, "namespace": str, "uid": str, "resourceVersion": str, "generation": int,
-    "creationTimestamp": str, "deletionTimestamp": str, "deletionGracePeriodSeconds": int, "labels": dict,
-    "annotations": dict, "finalizers": list, "ownerReferences": list, "managedFields": list,
+    "name": str,
+    "generateName": str,
+    "namespace": str,
+    "uid": str,
+    "resourceVersion": str,
+    "generation": int,
+    "creationTimestamp": str,
+    "deletionTimestamp": str,
+    "deletionGracePeriodSeconds": int,
+    "labels": dict,
+    "annotations": dict,
+    "finalizers": list,
+    "ownerReferences": list,
+    "managedFields": list,
 }
 
 
@@ -133,8 +144,10 @@ def _check_metadata_types(meta: dict[str, Any]) -> None:
             ok = all(isinstance(v, dict) for v in value)
         if not ok:
             # As kube-apiserver words it (encoding/json's error on ObjectMeta), found on the real control plane.
-            raise errors.bad_request(f"json: cannot unmarshal {_json_type(value)} into Go struct field "
-                                     f"ObjectMeta.{key} of type {_GO_TYPES[kind]}")
+            raise errors.bad_request(
+                f"json: cannot unmarshal {_json_type(value)} into Go struct field "
+                f"ObjectMeta.{key} of type {_GO_TYPES[kind]}"
+            )
     for ref in meta.get("ownerReferences") or []:
         if not all(isinstance(ref.get(k), str) for k in ("apiVersion", "kind", "name", "uid")):
             raise errors.bad_request("metadata.ownerReferences: apiVersion, kind, name and uid must be strings")
@@ -163,8 +176,12 @@ class Cluster:
     def resource(self, group: str, version: str, plural: str) -> ResourceType:
         rt = self.registry.get(group, version, plural)
         if rt is None:
-            raise StatusError(404, "NotFound", "the server could not find the requested resource",
-                              details={"group": group, "kind": plural})
+            raise StatusError(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+                details={"group": group, "kind": plural},
+            )
         return rt
 
     def _key(self, rt: ResourceType, namespace: str | None, name: str) -> Key:
@@ -179,10 +196,13 @@ class Cluster:
             raise errors.not_found(rt.group, rt.plural, name)
         return stored
 
-    def list(self, rt: ResourceType, namespace: str | None, predicate: Predicate | None = None) -> tuple[list[Stored], int]:
+    def list(
+        self, rt: ResourceType, namespace: str | None, predicate: Predicate | None = None
+    ) -> tuple[list[Stored], int]:
         coll = self.store.collection(rt.storage_key)
-        items = [s for s in coll.in_namespace(namespace if rt.namespaced else None)
-                 if predicate is None or predicate(s.obj)]
+        items = [
+            s for s in coll.in_namespace(namespace if rt.namespaced else None) if predicate is None or predicate(s.obj)
+        ]
         items.sort(key=lambda s: (s.obj["metadata"].get("namespace", ""), s.obj["metadata"]["name"]))
         return items, self.store.rv
 
@@ -194,14 +214,23 @@ class Cluster:
 
     # -- create --------------------------------------------------------------------------------
 
-    def create(self, rt: ResourceType, namespace: str | None, body: Any, opts: WriteOptions | None = None,
-               *, track_fields: bool = True) -> dict[str, Any]:
+    def create(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        body: Any,
+        opts: WriteOptions | None = None,
+        *,
+        track_fields: bool = True,
+    ) -> dict[str, Any]:
         opts = opts or WriteOptions()
         obj = self._check_body(rt, namespace, body, None)
         meta = obj["metadata"]
         if not meta.get("name"):
             generate = meta.get("generateName")
-            meta["name"] = generate + "".join(random.choices(_NAME_CHARS, k=5)) if isinstance(generate, str) and generate else ""
+            meta["name"] = (
+                generate + "".join(random.choices(_NAME_CHARS, k=5)) if isinstance(generate, str) and generate else ""
+            )
         namespace = meta.get("namespace")
         if meta.get("name"):  # without one, validation reports it with every other error, as the real server
             if rt.namespaced:
@@ -231,9 +260,13 @@ class Cluster:
         if obj.get("kind") not in (None, rt.kind) or obj.get("apiVersion") not in (None, rt.api_version):
             raise errors.bad_request(
                 f"the API version in the data ({obj.get('apiVersion')}) does not match the expected API version "
-                f"({rt.api_version}) or kind ({obj.get('kind')} vs {rt.kind})")
-        obj = {"apiVersion": rt.api_version, "kind": rt.kind,
-               **{k: v for k, v in obj.items() if k not in ("apiVersion", "kind")}}
+                f"({rt.api_version}) or kind ({obj.get('kind')} vs {rt.kind})"
+            )
+        obj = {
+            "apiVersion": rt.api_version,
+            "kind": rt.kind,
+            **{k: v for k, v in obj.items() if k not in ("apiVersion", "kind")},
+        }
         meta = obj.get("metadata")
         if meta is None:
             meta = obj["metadata"] = {}
@@ -242,14 +275,18 @@ class Cluster:
         _check_metadata_types(meta)
         if rt.namespaced:
             if namespace and meta.get("namespace") not in (None, "", namespace):
-                raise errors.bad_request("the namespace of the provided object does not match the namespace sent on the request")
+                raise errors.bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
             meta["namespace"] = namespace or meta.get("namespace")
             if not meta["namespace"]:
                 raise errors.bad_request(f"{rt.plural} are namespaced: a namespace is required")
         else:
             meta.pop("namespace", None)
         if name is not None and meta.get("name") not in (None, name):
-            raise errors.bad_request(f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})")
+            raise errors.bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
+            )
         return obj
 
     def _check_namespace(self, rt: ResourceType, namespace: str, name: str) -> None:
@@ -257,9 +294,13 @@ class Cluster:
         if ns is None:
             raise errors.not_found("", "namespaces", namespace)
         if ns.obj["metadata"].get("deletionTimestamp"):
-            raise errors.forbidden(rt.group, rt.plural, name,
-                                   f'{rt.plural} "{name}" is forbidden: unable to create new content in namespace '
-                                   f"{namespace} because it is being terminated")
+            raise errors.forbidden(
+                rt.group,
+                rt.plural,
+                name,
+                f'{rt.plural} "{name}" is forbidden: unable to create new content in namespace '
+                f"{namespace} because it is being terminated",
+            )
 
     def _prepare_create(self, rt: ResourceType, obj: dict[str, Any]) -> None:
         """Initial status and the built-in defaults the emulator applies."""
@@ -287,8 +328,15 @@ class Cluster:
 
     # -- update, patch, apply ------------------------------------------------------------------
 
-    def update(self, rt: ResourceType, namespace: str | None, name: str, body: Any, opts: WriteOptions | None = None,
-               subresource: str | None = None) -> dict[str, Any]:
+    def update(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        opts: WriteOptions | None = None,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
         opts = opts or WriteOptions()
         old = self.get(rt, namespace, name)
         if subresource == "scale":
@@ -296,8 +344,16 @@ class Cluster:
         new = self._check_body(rt, namespace, body, name)
         return self._commit(rt, old, new, opts, subresource)
 
-    def patch(self, rt: ResourceType, namespace: str | None, name: str, patch_type: str, body: bytes,
-              opts: WriteOptions | None = None, subresource: str | None = None) -> dict[str, Any]:
+    def patch(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        patch_type: str,
+        body: bytes,
+        opts: WriteOptions | None = None,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
         opts = opts or WriteOptions()
         if patch_type == APPLY_PATCH:
             return self.apply(rt, namespace, name, body, opts, subresource)
@@ -325,11 +381,21 @@ class Cluster:
         new = self._check_body(rt, namespace, new, name)
         return self._commit(rt, old, new, opts, subresource)
 
-    def apply(self, rt: ResourceType, namespace: str | None, name: str, body: bytes, opts: WriteOptions,
-              subresource: str | None = None) -> dict[str, Any]:
+    def apply(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        body: bytes,
+        opts: WriteOptions,
+        subresource: str | None = None,
+    ) -> dict[str, Any]:
         if not opts.manager:
-            raise StatusError(422, "Invalid", 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
-                                              "is required for apply patch")
+            raise StatusError(
+                422,
+                "Invalid",
+                'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch',
+            )
         try:
             config = yaml.safe_load(body)
         except yaml.YAMLError as exc:
@@ -356,8 +422,16 @@ class Cluster:
             return self.create(rt, namespace, merged, opts, track_fields=False)
         return self._commit(rt, old, merged, opts, None, track_fields=False)
 
-    def _commit(self, rt: ResourceType, old: Stored, new: dict[str, Any], opts: WriteOptions,
-                subresource: str | None, *, track_fields: bool = True) -> dict[str, Any]:
+    def _commit(
+        self,
+        rt: ResourceType,
+        old: Stored,
+        new: dict[str, Any],
+        opts: WriteOptions,
+        subresource: str | None,
+        *,
+        track_fields: bool = True,
+    ) -> dict[str, Any]:
         """Turn a requested new state into the stored one (preconditions, subresource rules, validation)."""
         old_obj = old.obj
         old_meta, meta = old_obj["metadata"], new["metadata"]
@@ -390,8 +464,18 @@ class Cluster:
         if old_meta.get("deletionTimestamp"):
             added = set(meta.get("finalizers") or []) - set(old_meta.get("finalizers") or [])
             if added:
-                raise errors.invalid(rt.group, rt.kind, old_meta["name"], [FieldError(
-                    "metadata.finalizers", "Forbidden", f"no new finalizers can be added if the object is being deleted, found new finalizers {sorted(added)!r}")])
+                raise errors.invalid(
+                    rt.group,
+                    rt.kind,
+                    old_meta["name"],
+                    [
+                        FieldError(
+                            "metadata.finalizers",
+                            "Forbidden",
+                            f"no new finalizers can be added if the object is being deleted, found new finalizers {sorted(added)!r}",
+                        )
+                    ],
+                )
         if rt.storage_key == _CRD_KEY:
             new["status"] = self._crd_status(new, old_obj.get("status"))
         new = self._validate(rt, new, old_obj, opts)
@@ -407,15 +491,19 @@ class Cluster:
             return old_obj
         if opts.dry_run:
             return new
-        if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers") \
-                and not self._has_cleanup(rt):
+        if (
+            new["metadata"].get("deletionTimestamp")
+            and not new["metadata"].get("finalizers")
+            and not self._has_cleanup(rt)
+        ):
             return self._remove(rt, old_obj, new)
         stored = self.store.put(rt.storage_key, new)
         self._after_write(rt, old_obj, stored)
         return stored.obj
 
-    def _validate(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None,
-                  opts: WriteOptions) -> dict[str, Any]:
+    def _validate(
+        self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None, opts: WriteOptions
+    ) -> dict[str, Any]:
         meta = obj["metadata"]
         problems = self._metadata_errors(rt, meta)
         unknown: list[str] = []
@@ -455,12 +543,23 @@ class Cluster:
 
     @staticmethod
     def _metadata_errors(rt: ResourceType, meta: dict[str, Any]) -> list[FieldError]:
-        problems = name_errors(meta["name"], label=rt.storage_key == _NS_KEY) if meta.get("name") else [
-            FieldError("metadata.name", "Required value", "name or generateName is required")]
+        problems = (
+            name_errors(meta["name"], label=rt.storage_key == _NS_KEY)
+            if meta.get("name")
+            else [FieldError("metadata.name", "Required value", "name or generateName is required")]
+        )
         for value in (meta.get("labels") or {}).values():
-            if isinstance(value, str) and (len(value) > 63 or not re.match(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", value)):
-                problems.append(FieldError("metadata.labels", "Invalid value", "a valid label must be an empty string "
-                                           "or consist of alphanumeric characters, '-', '_' or '.'", value))
+            if isinstance(value, str) and (
+                len(value) > 63 or not re.match(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", value)
+            ):
+                problems.append(
+                    FieldError(
+                        "metadata.labels",
+                        "Invalid value",
+                        "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.'",
+                        value,
+                    )
+                )
         return problems
 
     @staticmethod
@@ -469,13 +568,22 @@ class Cluster:
 
     # -- delete --------------------------------------------------------------------------------
 
-    def delete(self, rt: ResourceType, namespace: str | None, name: str, options: dict[str, Any] | None = None,
-               dry_run: bool = False) -> dict[str, Any]:
+    def delete(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        options: dict[str, Any] | None = None,
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
         options = options or {}
         old = self.get(rt, namespace, name)
         obj, meta = old.obj, old.obj["metadata"]
         pre = options.get("preconditions") or {}
-        if pre.get("uid") not in (None, meta["uid"]) or pre.get("resourceVersion") not in (None, meta["resourceVersion"]):
+        if pre.get("uid") not in (None, meta["uid"]) or pre.get("resourceVersion") not in (
+            None,
+            meta["resourceVersion"],
+        ):
             raise errors.conflict(rt.group, rt.plural, name, "Precondition failed")
         policy = options.get("propagationPolicy") or ("Orphan" if options.get("orphanDependents") else "Background")
         if policy not in ("Background", "Foreground", "Orphan"):
@@ -500,8 +608,9 @@ class Cluster:
         if meta.get("deletionTimestamp"):
             return obj
         new = copy.deepcopy(obj)
-        new["metadata"].update(deletionTimestamp=now(), deletionGracePeriodSeconds=0,
-                               generation=meta.get("generation", 1) + 1)
+        new["metadata"].update(
+            deletionTimestamp=now(), deletionGracePeriodSeconds=0, generation=meta.get("generation", 1) + 1
+        )
         if finalizers:
             new["metadata"]["finalizers"] = finalizers
         if rt.storage_key == _NS_KEY:
@@ -534,15 +643,28 @@ class Cluster:
         if rt.storage_key == _CRD_KEY:
             self._unregister_crd(old)
         self._wake_gc()
-        result = {**final, "metadata": {**final["metadata"],
-                                        "resourceVersion": stored.obj["metadata"]["resourceVersion"] if stored else meta["resourceVersion"]}}
+        result = {
+            **final,
+            "metadata": {
+                **final["metadata"],
+                "resourceVersion": stored.obj["metadata"]["resourceVersion"] if stored else meta["resourceVersion"],
+            },
+        }
         return result
 
-    def delete_collection(self, rt: ResourceType, namespace: str | None, predicate: Predicate | None,
-                          options: dict[str, Any] | None = None, dry_run: bool = False) -> list[dict[str, Any]]:
+    def delete_collection(
+        self,
+        rt: ResourceType,
+        namespace: str | None,
+        predicate: Predicate | None,
+        options: dict[str, Any] | None = None,
+        dry_run: bool = False,
+    ) -> list[dict[str, Any]]:
         items, _ = self.list(rt, namespace, predicate)
-        return [self.delete(rt, s.obj["metadata"].get("namespace"), s.obj["metadata"]["name"], options, dry_run)
-                for s in items]
+        return [
+            self.delete(rt, s.obj["metadata"].get("namespace"), s.obj["metadata"]["name"], options, dry_run)
+            for s in items
+        ]
 
     # -- scale ---------------------------------------------------------------------------------
 
@@ -559,7 +681,9 @@ class Cluster:
         scale: dict[str, Any] = {
             "kind": "Scale",
             "apiVersion": "autoscaling/v1",
-            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta},
+            "metadata": {
+                k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp") if k in meta
+            },
             "spec": {"replicas": _get_path(obj, spec.spec_replicas_path) or 0},
             "status": {"replicas": _get_path(obj, spec.status_replicas_path) or 0},
         }
@@ -572,8 +696,12 @@ class Cluster:
             raise errors.not_found(rt.group, f"{rt.plural}/scale", old.obj["metadata"]["name"])
         replicas = _get_path(scale, ".spec.replicas") if isinstance(scale, dict) else None
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
-            raise errors.invalid("autoscaling", "Scale", old.obj["metadata"]["name"], [FieldError(
-                "spec.replicas", "Invalid value", "must be greater than or equal to 0", replicas)])
+            raise errors.invalid(
+                "autoscaling",
+                "Scale",
+                old.obj["metadata"]["name"],
+                [FieldError("spec.replicas", "Invalid value", "must be greater than or equal to 0", replicas)],
+            )
         new = copy.deepcopy(old.obj)
         expected = _get_path(scale, ".metadata.resourceVersion")
         new["metadata"]["resourceVersion"] = expected or old.obj["metadata"]["resourceVersion"]
@@ -594,7 +722,9 @@ class Cluster:
             return {"type": kind, "status": "True", "reason": reason, "message": message, "lastTransitionTime": when}
 
         versions = spec.get("versions") if isinstance(spec.get("versions"), list) else []
-        stored = [v["name"] for v in versions if isinstance(v, dict) and v.get("storage") and isinstance(v.get("name"), str)]
+        stored = [
+            v["name"] for v in versions if isinstance(v, dict) and v.get("storage") and isinstance(v.get("name"), str)
+        ]
         return {
             "acceptedNames": spec.get("names") or {},
             "conditions": [
@@ -622,7 +752,8 @@ class Cluster:
         # The collector only has work when owners or deletion state change, not on every write.
         old_meta = (old or {}).get("metadata", {})
         if meta.get("ownerReferences") != old_meta.get("ownerReferences") or (
-                meta.get("deletionTimestamp") and meta.get("finalizers") != old_meta.get("finalizers")):
+            meta.get("deletionTimestamp") and meta.get("finalizers") != old_meta.get("finalizers")
+        ):
             self._wake_gc()
 
     # -- garbage collection --------------------------------------------------------------------
@@ -698,7 +829,9 @@ class Cluster:
         if "orphan" in finalizers:
             for drt, d in dependents:
                 new = copy.deepcopy(d.obj)
-                new["metadata"]["ownerReferences"] = [r for r in new["metadata"]["ownerReferences"] if r.get("uid") != meta["uid"]]
+                new["metadata"]["ownerReferences"] = [
+                    r for r in new["metadata"]["ownerReferences"] if r.get("uid") != meta["uid"]
+                ]
                 if not new["metadata"]["ownerReferences"]:
                     del new["metadata"]["ownerReferences"]
                 self._commit(drt, d, new, WriteOptions(manager="garbage-collector"), None, track_fields=False)
@@ -706,8 +839,12 @@ class Cluster:
         elif "foregroundDeletion" in finalizers:
             for drt, d in dependents:
                 if not d.obj["metadata"].get("deletionTimestamp"):
-                    self.delete(drt, d.obj["metadata"].get("namespace"), d.obj["metadata"]["name"],
-                                {"propagationPolicy": "Foreground"})
+                    self.delete(
+                        drt,
+                        d.obj["metadata"].get("namespace"),
+                        d.obj["metadata"]["name"],
+                        {"propagationPolicy": "Foreground"},
+                    )
             if dependents:
                 return bool([d for _, d in dependents if not d.obj["metadata"].get("deletionTimestamp")])
             finalizers.remove("foregroundDeletion")
@@ -726,12 +863,20 @@ class Cluster:
         """Delete the content of a terminating namespace or CRD; remove it once empty and unfinalized."""
         meta = s.obj["metadata"]
         if rt.storage_key == _NS_KEY:
-            content = [(crt, item) for crt in self.registry.storage_types() if crt.namespaced
-                       for item in self.store.collection(crt.storage_key).in_namespace(meta["name"])]
+            content = [
+                (crt, item)
+                for crt in self.registry.storage_types()
+                if crt.namespaced
+                for item in self.store.collection(crt.storage_key).in_namespace(meta["name"])
+            ]
         else:
             key = (s.obj["spec"]["group"], s.obj["spec"]["names"]["plural"])
-            content = [(crt, item) for crt in self.registry.storage_types() if crt.storage_key == key
-                       for item in self.store.collection(crt.storage_key).objects.values()]
+            content = [
+                (crt, item)
+                for crt in self.registry.storage_types()
+                if crt.storage_key == key
+                for item in self.store.collection(crt.storage_key).objects.values()
+            ]
         issued = False
         for crt, item in content:
             if not item.obj["metadata"].get("deletionTimestamp"):

@@ -16,8 +16,15 @@ _TYPES = {"string", "integer", "number", "boolean", "object", "array"}
 _COLUMN_TYPES = {"string", "integer", "number", "boolean", "date"}
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 _NUMBERS = ("minimum", "maximum", "multipleOf")
-_FLAGS = ("nullable", "exclusiveMinimum", "exclusiveMaximum", "uniqueItems", "x-kubernetes-int-or-string",
-          "x-kubernetes-preserve-unknown-fields", "x-kubernetes-embedded-resource")
+_FLAGS = (
+    "nullable",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "uniqueItems",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-embedded-resource",
+)
 _STRINGS = ("format", "description", "title", "x-kubernetes-list-type", "x-kubernetes-map-type")
 
 
@@ -37,11 +44,19 @@ def _metadata_schema_errors(root: Any, path: str, out: list[FieldError]) -> None
         return
     rest = {key: value for key, value in metadata.items() if key not in ("type", "properties")}
     restricted = metadata.get("properties") or {}
-    if rest or metadata.get("type", "object") != "object" or not isinstance(restricted, dict) or \
-            set(restricted) - {"name", "generateName"}:
-        out.append(FieldError(f"{path}.properties[metadata]", "Forbidden",
-                              "must not specify anything other than name and generateName, but metadata is "
-                              "implicitly specified"))
+    if (
+        rest
+        or metadata.get("type", "object") != "object"
+        or not isinstance(restricted, dict)
+        or set(restricted) - {"name", "generateName"}
+    ):
+        out.append(
+            FieldError(
+                f"{path}.properties[metadata]",
+                "Forbidden",
+                "must not specify anything other than name and generateName, but metadata is implicitly specified",
+            )
+        )
 
 
 def _schema_errors(node: Any, path: str, out: list[FieldError]) -> None:
@@ -49,8 +64,14 @@ def _schema_errors(node: Any, path: str, out: list[FieldError]) -> None:
         out.append(FieldError(path, "Invalid value", "must be a schema object", node))
         return
     if "type" in node and not _one_of(node["type"], _TYPES):
-        out.append(FieldError(f"{path}.type", "Unsupported value", "supported values: " +
-                              ", ".join(f'"{t}"' for t in sorted(_TYPES)), node["type"]))
+        out.append(
+            FieldError(
+                f"{path}.type",
+                "Unsupported value",
+                "supported values: " + ", ".join(f'"{t}"' for t in sorted(_TYPES)),
+                node["type"],
+            )
+        )
     for key in _COUNTS:
         if key in node and not (isinstance(node[key], int) and not isinstance(node[key], bool) and node[key] >= 0):
             out.append(FieldError(f"{path}.{key}", "Invalid value", "must be a non-negative integer", node[key]))
@@ -72,8 +93,11 @@ def _schema_errors(node: Any, path: str, out: list[FieldError]) -> None:
         try:
             re.compile(node["pattern"])
         except (re.error, TypeError) as exc:
-            out.append(FieldError(f"{path}.pattern", "Invalid value", f"must be a valid regular expression: {exc}",
-                                  node["pattern"]))
+            out.append(
+                FieldError(
+                    f"{path}.pattern", "Invalid value", f"must be a valid regular expression: {exc}", node["pattern"]
+                )
+            )
     properties = node.get("properties", {})
     if not isinstance(properties, dict):
         out.append(FieldError(f"{path}.properties", "Invalid value", "must be a map of schemas", properties))
@@ -128,7 +152,9 @@ def _field_path_resolves(schema: dict[str, Any], field_path: str) -> bool:
             properties = node.get("properties")
             properties = properties if isinstance(properties, dict) else {}
             additional = node.get("additionalProperties")
-            node = properties.get(name) if name in properties else (additional if isinstance(additional, dict) else None)
+            node = (
+                properties.get(name) if name in properties else (additional if isinstance(additional, dict) else None)
+            )
         if node is None:
             return False
     return position > 0
@@ -186,15 +212,33 @@ def _version_errors(version: Any, path: str, out: list[FieldError]) -> None:
             out.append(FieldError(where, "Invalid value", "must be an object", scale))
         else:
             if not _path_ok(scale.get("specReplicasPath"), (".spec.",)):
-                out.append(FieldError(f"{where}.specReplicasPath", "Invalid value", "should be a json path under .spec",
-                                      scale.get("specReplicasPath")))
+                out.append(
+                    FieldError(
+                        f"{where}.specReplicasPath",
+                        "Invalid value",
+                        "should be a json path under .spec",
+                        scale.get("specReplicasPath"),
+                    )
+                )
             if not _path_ok(scale.get("statusReplicasPath"), (".status.",)):
-                out.append(FieldError(f"{where}.statusReplicasPath", "Invalid value",
-                                      "should be a json path under .status", scale.get("statusReplicasPath")))
+                out.append(
+                    FieldError(
+                        f"{where}.statusReplicasPath",
+                        "Invalid value",
+                        "should be a json path under .status",
+                        scale.get("statusReplicasPath"),
+                    )
+                )
             selector = scale.get("labelSelectorPath")
             if selector is not None and not _path_ok(selector, (".spec.", ".status.")):
-                out.append(FieldError(f"{where}.labelSelectorPath", "Invalid value",
-                                      "should be a json path under either .spec or .status", selector))
+                out.append(
+                    FieldError(
+                        f"{where}.labelSelectorPath",
+                        "Invalid value",
+                        "should be a json path under either .spec or .status",
+                        selector,
+                    )
+                )
     columns = version.get("additionalPrinterColumns", [])
     if not isinstance(columns, list):
         out.append(FieldError(f"{path}.additionalPrinterColumns", "Invalid value", "must be a list", columns))
@@ -207,11 +251,18 @@ def _version_errors(version: Any, path: str, out: list[FieldError]) -> None:
         if not isinstance(column.get("name"), str) or not column["name"]:
             out.append(FieldError(f"{where}.name", "Required value"))
         if not _one_of(column.get("type"), _COLUMN_TYPES):
-            out.append(FieldError(f"{where}.type", "Unsupported value", "supported values: " +
-                                  ", ".join(f'"{t}"' for t in sorted(_COLUMN_TYPES)), column.get("type")))
+            out.append(
+                FieldError(
+                    f"{where}.type",
+                    "Unsupported value",
+                    "supported values: " + ", ".join(f'"{t}"' for t in sorted(_COLUMN_TYPES)),
+                    column.get("type"),
+                )
+            )
         if not isinstance(column.get("jsonPath"), str) or not column["jsonPath"].lstrip("{").startswith("."):
-            out.append(FieldError(f"{where}.jsonPath", "Invalid value", "must be a simple json path",
-                                  column.get("jsonPath")))
+            out.append(
+                FieldError(f"{where}.jsonPath", "Invalid value", "must be a simple json path", column.get("jsonPath"))
+            )
         if "priority" in column and not isinstance(column["priority"], int):
             out.append(FieldError(f"{where}.priority", "Invalid value", "must be an integer", column["priority"]))
 
@@ -221,8 +272,11 @@ def crd_errors(crd: dict[str, Any]) -> list[FieldError]:
     out: list[FieldError] = []
     spec = crd.get("spec") if isinstance(crd.get("spec"), dict) else {}
     names = spec.get("names") if isinstance(spec.get("names"), dict) else {}
-    for field_name, value in (("spec.group", spec.get("group")), ("spec.names.plural", names.get("plural")),
-                              ("spec.names.kind", names.get("kind"))):
+    for field_name, value in (
+        ("spec.group", spec.get("group")),
+        ("spec.names.plural", names.get("plural")),
+        ("spec.names.kind", names.get("kind")),
+    ):
         if not isinstance(value, str) or not value:
             out.append(FieldError(field_name, "Required value"))
     for key in ("singular", "listKind"):
@@ -232,11 +286,17 @@ def crd_errors(crd: dict[str, Any]) -> list[FieldError]:
         if key in names and not (isinstance(names[key], list) and all(isinstance(v, str) for v in names[key])):
             out.append(FieldError(f"spec.names.{key}", "Invalid value", "must be a list of strings", names[key]))
     if spec.get("scope") not in ("Namespaced", "Cluster"):
-        out.append(FieldError("spec.scope", "Unsupported value", 'supported values: "Cluster", "Namespaced"',
-                              spec.get("scope")))
+        out.append(
+            FieldError(
+                "spec.scope", "Unsupported value", 'supported values: "Cluster", "Namespaced"', spec.get("scope")
+            )
+        )
     if crd["metadata"]["name"] != f"{names.get('plural')}.{spec.get('group')}":
-        out.append(FieldError("metadata.name", "Invalid value", 'must be spec.names.plural+"."+spec.group',
-                              crd["metadata"]["name"]))
+        out.append(
+            FieldError(
+                "metadata.name", "Invalid value", 'must be spec.names.plural+"."+spec.group', crd["metadata"]["name"]
+            )
+        )
     versions = spec.get("versions")
     if not isinstance(versions, list) or not versions:
         out.append(FieldError("spec.versions", "Required value", "must have at least one version"))
@@ -244,6 +304,9 @@ def crd_errors(crd: dict[str, Any]) -> list[FieldError]:
     for i, version in enumerate(versions):
         _version_errors(version, f"spec.versions[{i}]", out)
     if sum(1 for v in versions if isinstance(v, dict) and v.get("storage") is True) != 1:
-        out.append(FieldError("spec.versions", "Invalid value", "must have exactly one version marked as storage version",
-                              "array"))
+        out.append(
+            FieldError(
+                "spec.versions", "Invalid value", "must have exactly one version marked as storage version", "array"
+            )
+        )
     return out

@@ -57,9 +57,7 @@ def _details(name: str | None, group: str, kind: str) -> dict[str, Any]:
 
 def not_found(group: str, resource: str, name: str) -> StatusError:
     qualified = f"{resource}.{group}" if group else resource
-    return StatusError(
-        404, "NotFound", f'{qualified} "{name}" not found', details=_details(name, group, resource)
-    )
+    return StatusError(404, "NotFound", f'{qualified} "{name}" not found', details=_details(name, group, resource))
 
 
 def already_exists(group: str, resource: str, name: str) -> StatusError:

@@ -33,9 +33,15 @@ from .store import Stored, Watcher, encode
 log = logging.getLogger(__name__)
 
 KUBERNETES_VERSION = {
-    "major": "1", "minor": "37", "gitVersion": "v1.37.0-kvtier", "gitCommit": "kvtier-embedded",
-    "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.25",
-    "compiler": "gc", "platform": "linux/amd64",
+    "major": "1",
+    "minor": "37",
+    "gitVersion": "v1.37.0-kvtier",
+    "gitCommit": "kvtier-embedded",
+    "gitTreeState": "clean",
+    "buildDate": "2026-01-01T00:00:00Z",
+    "goVersion": "go1.25",
+    "compiler": "gc",
+    "platform": "linux/amd64",
 }
 JSON = "application/json"
 DEFAULT_WATCH_TIMEOUT = 1800.0
@@ -76,8 +82,9 @@ def _flag(value: str | None) -> bool:
 class APIHandler:
     """aiohttp request handler bound to one :class:`~.core.Cluster`."""
 
-    def __init__(self, cluster: Cluster, faults: FaultInjector, requests: RequestLog,
-                 bookmark_interval: float = 60.0) -> None:
+    def __init__(
+        self, cluster: Cluster, faults: FaultInjector, requests: RequestLog, bookmark_interval: float = 60.0
+    ) -> None:
         self.cluster = cluster
         self.faults = faults
         self.requests = requests
@@ -92,9 +99,13 @@ class APIHandler:
     # -- dispatch ------------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        record = RequestRecord(verb=request.method.lower(), path=request.path,
-                               user_agent=request.headers.get("User-Agent", ""),
-                               query=dict(request.query), content_type=request.headers.get("Content-Type", ""))
+        record = RequestRecord(
+            verb=request.method.lower(),
+            path=request.path,
+            user_agent=request.headers.get("User-Agent", ""),
+            query=dict(request.query),
+            content_type=request.headers.get("Content-Type", ""),
+        )
         self.requests.append(record)
         try:
             route = self._route(request, record)
@@ -103,9 +114,12 @@ class APIHandler:
                 if fault.delay:
                     await asyncio.sleep(fault.delay)
                 if fault.status is not None:
-                    raise StatusError(fault.status, fault.status_reason,
-                                      fault.message or f"injected fault: {fault.status_reason}",
-                                      retry_after=fault.retry_after)
+                    raise StatusError(
+                        fault.status,
+                        fault.status_reason,
+                        fault.message or f"injected fault: {fault.status_reason}",
+                        retry_after=fault.retry_after,
+                    )
             if route is None:
                 response = self._non_resource(request)
             else:
@@ -139,15 +153,22 @@ class APIHandler:
         if method == "GET":
             record.verb = "get" if name else ("watch" if _flag(request.query.get("watch")) else "list")
         else:
-            record.verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
-                           "DELETE": "delete" if name else "deletecollection"}.get(method, method.lower())
+            record.verb = {
+                "POST": "create",
+                "PUT": "update",
+                "PATCH": "patch",
+                "DELETE": "delete" if name else "deletecollection",
+            }.get(method, method.lower())
         rt = self.cluster.resource(group, version, plural)
         if namespace is not None and not rt.namespaced:
             raise StatusError(404, "NotFound", "the server could not find the requested resource")
         if rt.namespaced and namespace is None and (name or method == "POST"):
             raise StatusError(404, "NotFound", "the server could not find the requested resource")
-        if sub not in (None, "status", "scale") or (sub == "status" and not rt.status) \
-                or (sub == "scale" and not rt.scale):
+        if (
+            sub not in (None, "status", "scale")
+            or (sub == "status" and not rt.status)
+            or (sub == "scale" and not rt.scale)
+        ):
             raise StatusError(404, "NotFound", "the server could not find the requested resource")
         return Route(rt, namespace, name, sub)
 
@@ -184,8 +205,9 @@ class APIHandler:
 
     # -- resources -----------------------------------------------------------------------------
 
-    async def _resource(self, request: web.Request, route: Route, record: RequestRecord,
-                        fault: FaultRule | None) -> web.StreamResponse:
+    async def _resource(
+        self, request: web.Request, route: Route, record: RequestRecord, fault: FaultRule | None
+    ) -> web.StreamResponse:
         verb = record.verb
         if verb == "watch":
             return await self._watch(request, route, fault)
@@ -213,21 +235,28 @@ class APIHandler:
             return _json_response(self.cluster.scale_of(route.rt, stored.obj))
         if self._wants_table(request):
             obj = json.loads(self.cluster.render(route.rt, stored))
-            return _json_response(table.table(route.rt, [obj], str(stored.rv),
-                                              request.query.get("includeObject", "Metadata")))
+            return _json_response(
+                table.table(route.rt, [obj], str(stored.rv), request.query.get("includeObject", "Metadata"))
+            )
         return web.Response(body=self.cluster.render(route.rt, stored), content_type=JSON)
 
     @staticmethod
     def _predicate(request: web.Request, rt: ResourceType) -> Predicate | None:
-        return combine(parse_label_selector(request.query.get("labelSelector")),
-                       parse_field_selector(request.query.get("fieldSelector"), rt.plural))
+        return combine(
+            parse_label_selector(request.query.get("labelSelector")),
+            parse_field_selector(request.query.get("fieldSelector"), rt.plural),
+        )
 
     def _list(self, request: web.Request, route: Route) -> web.Response:
         rt, query = route.rt, request.query
         coll = self.cluster.store.collection(rt.storage_key)
         requested = query.get("resourceVersion", "")
-        if query.get("resourceVersionMatch") == "Exact" and requested.isdigit() \
-                and int(requested) != self.cluster.store.rv and int(requested) <= coll.compacted_rv:
+        if (
+            query.get("resourceVersionMatch") == "Exact"
+            and requested.isdigit()
+            and int(requested) != self.cluster.store.rv
+            and int(requested) <= coll.compacted_rv
+        ):
             raise errors.gone(f"too old resource version: {requested} ({coll.compacted_rv + 1})")
         items, rv = self.cluster.list(rt, route.namespace, self._predicate(request, rt))
         list_meta: dict[str, Any] = {"resourceVersion": str(rv)}
@@ -251,8 +280,13 @@ class APIHandler:
             items = items[:limit]
         if self._wants_table(request):
             objects = [json.loads(self.cluster.render(rt, s)) for s in items]
-            body = table.table(rt, objects, str(rv), query.get("includeObject", "Metadata"),
-                               {k: v for k, v in list_meta.items() if k != "resourceVersion"})
+            body = table.table(
+                rt,
+                objects,
+                str(rv),
+                query.get("includeObject", "Metadata"),
+                {k: v for k, v in list_meta.items() if k != "resourceVersion"},
+            )
             return _json_response(body)
         head = encode({"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": list_meta})
         payload = head[:-1] + b',"items":[' + b",".join(self.cluster.render(rt, s) for s in items) + b"]}"
@@ -279,8 +313,12 @@ class APIHandler:
         validation = query.get("fieldValidation") or "Warn"
         if validation not in ("Ignore", "Warn", "Strict"):
             raise errors.bad_request(f"fieldValidation must be one of Ignore, Warn, Strict, got {validation!r}")
-        return WriteOptions(manager=manager, dry_run=bool(query.get("dryRun")), field_validation=validation,
-                            force=_flag(query.get("force")))
+        return WriteOptions(
+            manager=manager,
+            dry_run=bool(query.get("dryRun")),
+            field_validation=validation,
+            force=_flag(query.get("force")),
+        )
 
     async def _write(self, request: web.Request, route: Route, verb: str) -> web.Response:
         raw = await request.read()
@@ -293,13 +331,15 @@ class APIHandler:
             result = cluster.create(rt, route.namespace, self._parse(raw, request.content_type), opts)
             status = 201
         elif verb == "update":
-            result = cluster.update(rt, route.namespace, route.name or "", self._parse(raw, request.content_type),
-                                    opts, route.subresource)
+            result = cluster.update(
+                rt, route.namespace, route.name or "", self._parse(raw, request.content_type), opts, route.subresource
+            )
         else:
             if request.content_type == APPLY_PATCH and cluster.find(rt, route.namespace, route.name or "") is None:
                 status = 201
-            result = cluster.patch(rt, route.namespace, route.name or "", request.content_type, raw, opts,
-                                   route.subresource)
+            result = cluster.patch(
+                rt, route.namespace, route.name or "", request.content_type, raw, opts, route.subresource
+            )
         if result.get("apiVersion") != rt.api_version and result.get("kind") == rt.kind:
             result = {**result, "apiVersion": rt.api_version}
         response = _json_response(result, status)
@@ -319,10 +359,17 @@ class APIHandler:
         if verb == "delete":
             result = self.cluster.delete(route.rt, route.namespace, route.name or "", options, dry_run)
             return _json_response(result)
-        items = self.cluster.delete_collection(route.rt, route.namespace, self._predicate(request, route.rt),
-                                               options, dry_run)
-        return _json_response({"kind": route.rt.list_kind, "apiVersion": route.rt.api_version,
-                               "metadata": {"resourceVersion": str(self.cluster.store.rv)}, "items": items})
+        items = self.cluster.delete_collection(
+            route.rt, route.namespace, self._predicate(request, route.rt), options, dry_run
+        )
+        return _json_response(
+            {
+                "kind": route.rt.list_kind,
+                "apiVersion": route.rt.api_version,
+                "metadata": {"resourceVersion": str(self.cluster.store.rv)},
+                "items": items,
+            }
+        )
 
     # -- watch ---------------------------------------------------------------------------------
 
@@ -338,8 +385,10 @@ class APIHandler:
         meta: dict[str, Any] = {"resourceVersion": str(self.cluster.store.rv)}
         if initial_end:
             meta["annotations"] = {"k8s.io/initial-events-end": "true"}
-        return encode({"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version,
-                                                      "metadata": meta}}) + b"\n"
+        return (
+            encode({"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta}})
+            + b"\n"
+        )
 
     async def _watch(self, request: web.Request, route: Route, fault: FaultRule | None) -> web.StreamResponse:
         rt, query = route.rt, request.query

@@ -17,8 +17,11 @@ from typing import Any
 
 from .resources import Registry, ResourceType
 
-_OBJECT_META = {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
-                "description": "Standard object's metadata."}
+_OBJECT_META = {
+    "type": "object",
+    "x-kubernetes-preserve-unknown-fields": True,
+    "description": "Standard object's metadata.",
+}
 
 
 def _gv_path(group: str, version: str) -> str:
@@ -35,21 +38,30 @@ def _gvk(rt: ResourceType) -> dict[str, str]:
     return {"group": rt.group, "version": rt.version, "kind": rt.kind}
 
 
-def group_version_document(registry: Registry, group: str, version: str, kubernetes_version: str) -> dict[str, Any] | None:
+def group_version_document(
+    registry: Registry, group: str, version: str, kubernetes_version: str
+) -> dict[str, Any] | None:
     types = [rt for rt in registry.all() if rt.group == group and rt.version == version]
     if not types:
         return None
     paths: dict[str, Any] = {}
     schemas: dict[str, Any] = {}
-    validation = {"name": "fieldValidation", "in": "query", "schema": {"type": "string", "uniqueItems": True},
-                  "description": "fieldValidation instructs the server on how to handle objects in the request "
-                                 "containing unknown or duplicate fields (Ignore, Warn, Strict)."}
+    validation = {
+        "name": "fieldValidation",
+        "in": "query",
+        "schema": {"type": "string", "uniqueItems": True},
+        "description": "fieldValidation instructs the server on how to handle objects in the request "
+        "containing unknown or duplicate fields (Ignore, Warn, Strict).",
+    }
     for rt in types:
         prefix = "/" + _gv_path(group, version) + ("/namespaces/{namespace}" if rt.namespaced else "")
         ref = {"$ref": f"#/components/schemas/{schema_name(rt)}"}
         content = {"application/json": {"schema": ref}}
-        operation = {"x-kubernetes-group-version-kind": _gvk(rt), "parameters": [validation],
-                     "responses": {"200": {"description": "OK", "content": content}}}
+        operation = {
+            "x-kubernetes-group-version-kind": _gvk(rt),
+            "parameters": [validation],
+            "responses": {"200": {"description": "OK", "content": content}},
+        }
         paths[f"{prefix}/{rt.plural}"] = {
             "post": {**operation, "x-kubernetes-action": "post"},
             "get": {**operation, "parameters": [], "x-kubernetes-action": "list"},
@@ -69,8 +81,11 @@ def group_version_document(registry: Registry, group: str, version: str, kuberne
             schema["x-kubernetes-group-version-kind"] = [_gvk(rt)]
             schemas[schema_name(rt)] = schema
         else:
-            schemas[schema_name(rt)] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
-                                        "x-kubernetes-group-version-kind": [_gvk(rt)]}
+            schemas[schema_name(rt)] = {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+                "x-kubernetes-group-version-kind": [_gvk(rt)],
+            }
     return {
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": kubernetes_version},

@@ -99,7 +99,7 @@ def _node_status(node: dict[str, Any]) -> str:
 
 def _node_roles(node: dict[str, Any]) -> str:
     prefix = "node-role.kubernetes.io/"
-    roles = [k[len(prefix):] for k in (_get(node, "metadata", "labels") or {}) if k.startswith(prefix)]
+    roles = [k[len(prefix) :] for k in (_get(node, "metadata", "labels") or {}) if k.startswith(prefix)]
     return ",".join(sorted(roles)) or "<none>"
 
 
@@ -117,29 +117,42 @@ def _col(name: str, cell: Cell, kind: str = "string", priority: int = 0) -> dict
     return {"name": name, "type": kind, "format": "", "description": "", "priority": priority, "cell": cell}
 
 
-AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp", "priority": 0, "format": "",
-       "description": "CreationTimestamp is a timestamp representing the server time when this object was created."}
+AGE = {
+    "name": "Age",
+    "type": "date",
+    "jsonPath": ".metadata.creationTimestamp",
+    "priority": 0,
+    "format": "",
+    "description": "CreationTimestamp is a timestamp representing the server time when this object was created.",
+}
 
 COLUMNS: dict[tuple[str, str], list[dict[str, Any]]] = {
     ("", "pods"): [
-        _col("Ready", _pod_ready), _col("Status", _pod_status), _col("Restarts", _restarts, "integer"), AGE,
+        _col("Ready", _pod_ready),
+        _col("Status", _pod_status),
+        _col("Restarts", _restarts, "integer"),
+        AGE,
         _col("IP", lambda p: _none(_get(p, "status", "podIP")), priority=1),
         _col("Node", lambda p: _none(_get(p, "spec", "nodeName")), priority=1),
     ],
     ("apps", "deployments"): [
         _col("Ready", lambda d: f"{_get(d, 'status', 'readyReplicas') or 0}/{_get(d, 'spec', 'replicas') or 0}"),
         _col("Up-to-date", lambda d: _get(d, "status", "updatedReplicas") or 0, "integer"),
-        _col("Available", lambda d: _get(d, "status", "availableReplicas") or 0, "integer"), AGE,
+        _col("Available", lambda d: _get(d, "status", "availableReplicas") or 0, "integer"),
+        AGE,
         _col("Containers", lambda d: _containers(d, "name"), priority=1),
         _col("Images", lambda d: _containers(d, "image"), priority=1),
     ],
     ("apps", "statefulsets"): [
-        _col("Ready", lambda s: f"{_get(s, 'status', 'readyReplicas') or 0}/{_get(s, 'spec', 'replicas') or 0}"), AGE,
+        _col("Ready", lambda s: f"{_get(s, 'status', 'readyReplicas') or 0}/{_get(s, 'spec', 'replicas') or 0}"),
+        AGE,
         _col("Containers", lambda s: _containers(s, "name"), priority=1),
         _col("Images", lambda s: _containers(s, "image"), priority=1),
     ],
     ("", "nodes"): [
-        _col("Status", _node_status), _col("Roles", _node_roles), AGE,
+        _col("Status", _node_status),
+        _col("Roles", _node_roles),
+        AGE,
         _col("Version", lambda n: _get(n, "status", "nodeInfo", "kubeletVersion") or ""),
     ],
     ("", "namespaces"): [_col("Status", lambda n: _get(n, "status", "phase") or ""), AGE],
@@ -148,37 +161,56 @@ COLUMNS: dict[tuple[str, str], list[dict[str, Any]]] = {
         _col("Volume", lambda c: _get(c, "spec", "volumeName") or ""),
         _col("Capacity", lambda c: _get(c, "status", "capacity", "storage") or ""),
         _col("Access Modes", _access_modes),
-        _col("StorageClass", lambda c: _none(_get(c, "spec", "storageClassName"))), AGE,
+        _col("StorageClass", lambda c: _none(_get(c, "spec", "storageClassName"))),
+        AGE,
     ],
     ("", "persistentvolumes"): [
         _col("Capacity", lambda v: _get(v, "spec", "capacity", "storage") or ""),
         _col("Access Modes", _access_modes),
         _col("Reclaim Policy", lambda v: _get(v, "spec", "persistentVolumeReclaimPolicy") or ""),
         _col("Status", lambda v: _get(v, "status", "phase") or "Pending"),
-        _col("Claim", lambda v: "/".join(filter(None, (_get(v, "spec", "claimRef", "namespace"),
-                                                       _get(v, "spec", "claimRef", "name"))))),
-        _col("StorageClass", lambda v: _get(v, "spec", "storageClassName") or ""), AGE,
+        _col(
+            "Claim",
+            lambda v: "/".join(
+                filter(None, (_get(v, "spec", "claimRef", "namespace"), _get(v, "spec", "claimRef", "name")))
+            ),
+        ),
+        _col("StorageClass", lambda v: _get(v, "spec", "storageClassName") or ""),
+        AGE,
     ],
     ("", "services"): [
         _col("Type", lambda s: _get(s, "spec", "type") or "ClusterIP"),
         _col("Cluster-IP", lambda s: _none(_get(s, "spec", "clusterIP"))),
-        _col("Port(s)", _ports), AGE,
+        _col("Port(s)", _ports),
+        AGE,
     ],
-    ("", "configmaps"): [_col("Data", lambda c: len(c.get("data") or {}) + len(c.get("binaryData") or {}), "integer"), AGE],
-    ("", "secrets"): [_col("Type", lambda s: s.get("type") or "Opaque"),
-                      _col("Data", lambda s: len(s.get("data") or {}) + len(s.get("stringData") or {}), "integer"), AGE],
+    ("", "configmaps"): [
+        _col("Data", lambda c: len(c.get("data") or {}) + len(c.get("binaryData") or {}), "integer"),
+        AGE,
+    ],
+    ("", "secrets"): [
+        _col("Type", lambda s: s.get("type") or "Opaque"),
+        _col("Data", lambda s: len(s.get("data") or {}) + len(s.get("stringData") or {}), "integer"),
+        AGE,
+    ],
     ("storage.k8s.io", "storageclasses"): [
         _col("Provisioner", lambda s: s.get("provisioner") or ""),
         _col("ReclaimPolicy", lambda s: s.get("reclaimPolicy") or "Delete"),
-        _col("VolumeBindingMode", lambda s: s.get("volumeBindingMode") or "Immediate"), AGE,
+        _col("VolumeBindingMode", lambda s: s.get("volumeBindingMode") or "Immediate"),
+        AGE,
     ],
     ("coordination.k8s.io", "leases"): [_col("Holder", lambda le: _get(le, "spec", "holderIdentity") or ""), AGE],
     ("", "events"): [
-        _col("Last Seen", lambda e: age(e.get("lastTimestamp") or e.get("eventTime")
-                                        or _get(e, "metadata", "creationTimestamp"))),
+        _col(
+            "Last Seen",
+            lambda e: age(e.get("lastTimestamp") or e.get("eventTime") or _get(e, "metadata", "creationTimestamp")),
+        ),
         _col("Type", lambda e: e.get("type") or ""),
         _col("Reason", lambda e: e.get("reason") or ""),
-        _col("Object", lambda e: f"{_get(e, 'involvedObject', 'kind') or ''}/{_get(e, 'involvedObject', 'name') or ''}".lower()),
+        _col(
+            "Object",
+            lambda e: f"{_get(e, 'involvedObject', 'kind') or ''}/{_get(e, 'involvedObject', 'name') or ''}".lower(),
+        ),
         _col("Message", lambda e: (e.get("message") or "").strip()),
     ],
 }

@@ -16,19 +16,41 @@ MAGIC = b"k8s\x00"
 
 # field number -> (json name, type); types: str, int, bool, map_str, map_bytes,
 # repeated_str, or a nested schema dict (repeated when wrapped in a list).
-_OWNER_REFERENCE = {1: ("kind", "str"), 3: ("name", "str"), 4: ("uid", "str"), 5: ("apiVersion", "str"),
-                    6: ("controller", "bool"), 7: ("blockOwnerDeletion", "bool")}
+_OWNER_REFERENCE = {
+    1: ("kind", "str"),
+    3: ("name", "str"),
+    4: ("uid", "str"),
+    5: ("apiVersion", "str"),
+    6: ("controller", "bool"),
+    7: ("blockOwnerDeletion", "bool"),
+}
 _OBJECT_META = {
-    1: ("name", "str"), 2: ("generateName", "str"), 3: ("namespace", "str"), 5: ("uid", "str"),
-    6: ("resourceVersion", "str"), 7: ("generation", "int"), 11: ("labels", "map_str"),
-    12: ("annotations", "map_str"), 13: ("ownerReferences", [_OWNER_REFERENCE]), 14: ("finalizers", "repeated_str"),
+    1: ("name", "str"),
+    2: ("generateName", "str"),
+    3: ("namespace", "str"),
+    5: ("uid", "str"),
+    6: ("resourceVersion", "str"),
+    7: ("generation", "int"),
+    11: ("labels", "map_str"),
+    12: ("annotations", "map_str"),
+    13: ("ownerReferences", [_OWNER_REFERENCE]),
+    14: ("finalizers", "repeated_str"),
 }
 KINDS: dict[tuple[str, str], dict[int, Any]] = {
     ("v1", "Namespace"): {1: ("metadata", _OBJECT_META), 2: ("spec", {1: ("finalizers", "repeated_str")})},
-    ("v1", "ConfigMap"): {1: ("metadata", _OBJECT_META), 2: ("data", "map_str"), 3: ("binaryData", "map_bytes"),
-                          4: ("immutable", "bool")},
-    ("v1", "Secret"): {1: ("metadata", _OBJECT_META), 2: ("data", "map_bytes"), 3: ("type", "str"),
-                       4: ("stringData", "map_str"), 5: ("immutable", "bool")},
+    ("v1", "ConfigMap"): {
+        1: ("metadata", _OBJECT_META),
+        2: ("data", "map_str"),
+        3: ("binaryData", "map_bytes"),
+        4: ("immutable", "bool"),
+    },
+    ("v1", "Secret"): {
+        1: ("metadata", _OBJECT_META),
+        2: ("data", "map_bytes"),
+        3: ("type", "str"),
+        4: ("stringData", "map_str"),
+        5: ("immutable", "bool"),
+    },
     ("v1", "ServiceAccount"): {1: ("metadata", _OBJECT_META), 4: ("automountServiceAccountToken", "bool")},
 }
 
@@ -64,7 +86,7 @@ def fields(data: bytes) -> list[tuple[int, Any]]:
             length, pos = _varint(data, pos)
             if pos + length > len(data):
                 raise ProtobufError("truncated field")
-            out.append((number, data[pos:pos + length]))
+            out.append((number, data[pos : pos + length]))
             pos += length
         elif wire in (1, 5):
             pos += 8 if wire == 1 else 4
@@ -103,7 +125,7 @@ def decode(body: bytes) -> dict[str, Any]:
     if not body.startswith(MAGIC):
         raise ProtobufError("missing the k8s protobuf envelope")
     try:
-        unknown = dict(fields(body[len(MAGIC):]))
+        unknown = dict(fields(body[len(MAGIC) :]))
         type_meta = dict(fields(unknown.get(1, b"")))
         api_version = type_meta.get(1, b"").decode()
         kind = type_meta.get(2, b"").decode()

@@ -89,12 +89,32 @@ def selector_to_string(selector: dict[str, Any] | None) -> str:
 
 # Field selectors the real server supports beyond metadata.name / metadata.namespace.
 _EXTRA_FIELDS = {
-    "pods": {"spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
-             "status.phase", "status.podIP", "status.nominatedNodeName"},
-    "events": {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
-               "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath",
-               "reason", "reportingComponent", "source", "type", "regarding.kind", "regarding.name",
-               "regarding.namespace", "regarding.uid"},
+    "pods": {
+        "spec.nodeName",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "status.phase",
+        "status.podIP",
+        "status.nominatedNodeName",
+    },
+    "events": {
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+        "regarding.kind",
+        "regarding.name",
+        "regarding.namespace",
+        "regarding.uid",
+    },
     "secrets": {"type"},
     "nodes": {"spec.unschedulable"},
     "namespaces": {"status.phase"},
@@ -124,7 +144,7 @@ def parse_field_selector(text: str | None, plural: str) -> Predicate | None:
             raise bad_request(f"invalid field selector: {term!r}")
         path, op, value = m.groups()
         if path not in allowed:
-            raise bad_request(f'field label not supported: {path}')
+            raise bad_request(f"field label not supported: {path}")
         terms.append((path, op != "!=", value))
 
     def predicate(obj: dict[str, Any]) -> bool:

@@ -21,8 +21,9 @@ from .http import APIHandler
 T = TypeVar("T")
 
 
-def write_kubeconfig(path: str | Path, server_url: str, *, context: str = "kvtier-embedded",
-                     namespace: str = "default") -> Path:
+def write_kubeconfig(
+    path: str | Path, server_url: str, *, context: str = "kvtier-embedded", namespace: str = "default"
+) -> Path:
     """Write a kubeconfig pointing at `server_url` (plain HTTP, a dummy token) and return its path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -49,8 +50,15 @@ class APIServer:
     bookmarks get one.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, validate_builtins: bool = True,
-                 history_size: int = 10_000, bookmark_interval: float = 60.0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        validate_builtins: bool = True,
+        history_size: int = 10_000,
+        bookmark_interval: float = 60.0,
+    ) -> None:
         self.host = host
         self.port = port
         self.cluster = Cluster(validate_builtins=validate_builtins, history_size=history_size)
@@ -66,8 +74,9 @@ class APIServer:
     async def start(self) -> APIServer:
         self.cluster.start()
         # handler_cancellation: a client that goes away ends its watch (and frees the watcher) at once.
-        self._runner = web.AppRunner(self._handler.app(), handle_signals=False, access_log=None, shutdown_timeout=1.0,
-                                     handler_cancellation=True)
+        self._runner = web.AppRunner(
+            self._handler.app(), handle_signals=False, access_log=None, shutdown_timeout=1.0, handler_cancellation=True
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()

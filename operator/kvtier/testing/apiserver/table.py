@@ -17,12 +17,17 @@ from . import printers
 from .resources import ResourceType
 
 _NAME_COLUMN = {
-    "name": "Name", "type": "string", "format": "name", "priority": 0,
+    "name": "Name",
+    "type": "string",
+    "format": "name",
+    "priority": 0,
     "description": "Name must be unique within a namespace.",
 }
 
-_SEGMENT = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]|\['([^']*)'\]|\[\"([^\"]*)\"\]"
-                      r"|\[\?\(@\.([A-Za-z0-9_]+)\s*==\s*(?:\"([^\"]*)\"|'([^']*)')\)\]")
+_SEGMENT = re.compile(
+    r"\.([^.\[\]]+)|\[(\d+)\]|\['([^']*)'\]|\[\"([^\"]*)\"\]"
+    r"|\[\?\(@\.([A-Za-z0-9_]+)\s*==\s*(?:\"([^\"]*)\"|'([^']*)')\)\]"
+)
 
 
 def jsonpath(obj: Any, path: str) -> Any:
@@ -40,8 +45,11 @@ def jsonpath(obj: Any, path: str) -> Any:
         key = name if name is not None else (quoted if quoted is not None else dquoted)
         if field is not None:  # a filter, `[?(@.type=="Ready")]`: the first matching element
             value = wanted if wanted is not None else swanted
-            obj = next((item for item in obj if isinstance(item, dict) and str(item.get(field)) == value), None) \
-                if isinstance(obj, list) else None
+            obj = (
+                next((item for item in obj if isinstance(item, dict) and str(item.get(field)) == value), None)
+                if isinstance(obj, list)
+                else None
+            )
         elif key is not None:
             obj = obj.get(key) if isinstance(obj, dict) else None
         else:
@@ -107,8 +115,13 @@ def _row_object(obj: dict[str, Any], include: str) -> dict[str, Any] | None:
     return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
 
 
-def table(rt: ResourceType, objects: list[dict[str, Any]], resource_version: str, include: str = "Metadata",
-          list_meta: dict[str, Any] | None = None) -> dict[str, Any]:
+def table(
+    rt: ResourceType,
+    objects: list[dict[str, Any]],
+    resource_version: str,
+    include: str = "Metadata",
+    list_meta: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A `meta.k8s.io/v1` Table of `objects`."""
     cols = columns(rt)
     rows = []

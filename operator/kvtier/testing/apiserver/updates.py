@@ -34,16 +34,26 @@ from .errors import FieldError
 STATEFULSETS = ("apps", "statefulsets")
 CLAIMS = ("", "persistentvolumeclaims")
 #: `ValidateStatefulSetUpdate` copies these from the old object before comparing the rest.
-STATEFULSET_MUTABLE = ("replicas", "ordinals", "template", "updateStrategy", "persistentVolumeClaimRetentionPolicy",
-                       "minReadySeconds")
-STATEFULSET_FORBIDDEN = ("updates to statefulset spec for fields other than 'replicas', 'ordinals', 'template', "
-                         "'updateStrategy', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are forbidden")
-CLAIM_SPEC_FORBIDDEN = ("spec is immutable after creation except resources.requests and volumeAttributesClassName "
-                        "for bound claims")
+STATEFULSET_MUTABLE = (
+    "replicas",
+    "ordinals",
+    "template",
+    "updateStrategy",
+    "persistentVolumeClaimRetentionPolicy",
+    "minReadySeconds",
+)
+STATEFULSET_FORBIDDEN = (
+    "updates to statefulset spec for fields other than 'replicas', 'ordinals', 'template', "
+    "'updateStrategy', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are forbidden"
+)
+CLAIM_SPEC_FORBIDDEN = (
+    "spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims"
+)
 CLAIM_SHRINK_FORBIDDEN = "field can not be less than previous value"
 RESIZE_NOT_BOUND = "Only bound persistent volume claims can be expanded"
-RESIZE_NOT_ALLOWED = ("only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc "
-                      "must support resize")
+RESIZE_NOT_ALLOWED = (
+    "only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize"
+)
 #: The beta annotation `GetPersistentVolumeClaimClass` still reads before `spec.storageClassName`.
 BETA_CLASS_ANNOTATION = "volume.beta.kubernetes.io/storage-class"
 
@@ -57,8 +67,12 @@ def update_errors(storage_key: tuple[str, str], new: dict[str, Any], old: dict[s
     return []
 
 
-def admit_update(storage_key: tuple[str, str], new: dict[str, Any], old: dict[str, Any],
-                 storage_class: Callable[[str], dict[str, Any] | None]) -> None:
+def admit_update(
+    storage_key: tuple[str, str],
+    new: dict[str, Any],
+    old: dict[str, Any],
+    storage_class: Callable[[str], dict[str, Any] | None],
+) -> None:
     """The PersistentVolumeClaimResize admission plugin: raises 403 for a growth it does not allow."""
     if storage_key != CLAIMS or _storage(new) <= _storage(old):
         return
@@ -109,8 +123,11 @@ def _claim_errors(new: dict[str, Any], old: dict[str, Any]) -> list[FieldError]:
             requests["storage"] = old_storage
     compared_new["volumeAttributesClassName"] = compared_old.get("volumeAttributesClassName")
     problems = []
-    changed = sorted(key for key in set(compared_new) | set(compared_old)
-                     if _present(compared_new.get(key)) != _present(compared_old.get(key)))
+    changed = sorted(
+        key
+        for key in set(compared_new) | set(compared_old)
+        if _present(compared_new.get(key)) != _present(compared_old.get(key))
+    )
     if changed:
         diff = "".join(f"\n  {key}: {compared_old.get(key)!r} -> {compared_new.get(key)!r}" for key in changed)
         problems.append(FieldError("spec", "Forbidden", CLAIM_SPEC_FORBIDDEN + diff))

@@ -69,8 +69,16 @@ from kvtier.testing.podsim.scheduler import Scheduler
 from kvtier.testing.podsim.volumes import VolumeControllers
 from kvtier.testing.podsim.workloads import WorkloadControllers
 
-__all__ = ["EMBEDDED", "GPU", "UNDER_CONTROL_PLANE", "AddressPool", "NodeSpec", "PodSimulator", "is_ready",
-           "pod_requests"]
+__all__ = [
+    "EMBEDDED",
+    "GPU",
+    "UNDER_CONTROL_PLANE",
+    "AddressPool",
+    "NodeSpec",
+    "PodSimulator",
+    "is_ready",
+    "pod_requests",
+]
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +129,10 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
 
     async def run(self) -> None:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1))
-        watchers = [asyncio.create_task(self._watch(resource), name=f"podsim-watch-{resource.plural}")
-                    for resource in self._watched()]
+        watchers = [
+            asyncio.create_task(self._watch(resource), name=f"podsim-watch-{resource.plural}")
+            for resource in self._watched()
+        ]
         if "kubelet" in self.components:
             watchers.append(asyncio.create_task(self.heartbeat(), name="podsim-node-heartbeat"))
         try:
@@ -164,8 +174,9 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
             for sts in (await self.kube.list(STATEFULSETS))["items"]:
                 await isolated(sts, self._reconcile_statefulset(sts, [p for p in pods if owned_by(p, sts)]))
             for deployment in (await self.kube.list(DEPLOYMENTS))["items"]:
-                await isolated(deployment, self._reconcile_deployment(
-                    deployment, [p for p in pods if owned_by(p, deployment)]))
+                await isolated(
+                    deployment, self._reconcile_deployment(deployment, [p for p in pods if owned_by(p, deployment)])
+                )
             for job in (await self.kube.list(JOBS))["items"]:
                 await isolated(job, self._reconcile_job(job, [p for p in pods if owned_by(p, job)]))
         if "volume-binder" in self.components:

@@ -93,8 +93,12 @@ class Kubelet:
             if pod["metadata"].get("deletionTimestamp"):
                 await self._stop_pod(uid)
                 if not pod["metadata"].get("finalizers"):  # the containers are gone: end the grace period
-                    await isolated(pod, self.kube.delete(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"],
-                                                         grace_period_seconds=0))
+                    await isolated(
+                        pod,
+                        self.kube.delete(
+                            PODS, pod["metadata"]["namespace"], pod["metadata"]["name"], grace_period_seconds=0
+                        ),
+                    )
                 continue
             if pod["spec"].get("restartPolicy", "Always") != "Always":
                 if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
@@ -118,14 +122,30 @@ class Kubelet:
         """A run-to-completion pod: every container exits with `exit_code(pod)`."""
         code = self.exit_code(pod)
         reason = "Completed" if code == 0 else "Error"
-        statuses = [{"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": False, "started": False,
-                     "restartCount": 0, "state": {"terminated": {"exitCode": code, "reason": reason,
-                                                                 "startedAt": now(), "finishedAt": now()}}}
-                    for c in pod["spec"].get("containers", [])]
-        status = {"phase": "Succeeded" if code == 0 else "Failed", "hostIP": "127.0.0.1",
-                  "startTime": (pod.get("status") or {}).get("startTime") or now(), "containerStatuses": statuses}
-        conditions = {"PodScheduled": ("True", "", ""), "Initialized": ("True", "", ""),
-                      "ContainersReady": ("False", "PodCompleted", ""), "Ready": ("False", "PodCompleted", "")}
+        statuses = [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "imageID": "",
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "state": {"terminated": {"exitCode": code, "reason": reason, "startedAt": now(), "finishedAt": now()}},
+            }
+            for c in pod["spec"].get("containers", [])
+        ]
+        status = {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "hostIP": "127.0.0.1",
+            "startTime": (pod.get("status") or {}).get("startTime") or now(),
+            "containerStatuses": statuses,
+        }
+        conditions = {
+            "PodScheduled": ("True", "", ""),
+            "Initialized": ("True", "", ""),
+            "ContainersReady": ("False", "PodCompleted", ""),
+            "Ready": ("False", "PodCompleted", ""),
+        }
         await self._set_pod_conditions(pod, conditions, status)
 
     async def _start_pod(self, pod: dict[str, Any]) -> None:
@@ -169,13 +189,22 @@ class Kubelet:
         containers = pod["spec"].get("containers", [])
         probes = await asyncio.gather(*(self._probe(running.address, container) for container in containers))
         for container, ready in zip(containers, probes):
-            previous = next((s for s in (pod.get("status") or {}).get("containerStatuses", [])
-                             if s["name"] == container["name"]), None)
+            previous = next(
+                (s for s in (pod.get("status") or {}).get("containerStatuses", []) if s["name"] == container["name"]),
+                None,
+            )
             started_at = (previous or {}).get("state", {}).get("running", {}).get("startedAt") or now()
-            statuses.append({
-                "name": container["name"], "image": container.get("image", ""), "imageID": "",
-                "ready": ready, "started": True, "restartCount": 0, "state": {"running": {"startedAt": started_at}},
-            })
+            statuses.append(
+                {
+                    "name": container["name"],
+                    "image": container.get("image", ""),
+                    "imageID": "",
+                    "ready": ready,
+                    "started": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": started_at}},
+                }
+            )
         containers_ready = all(s["ready"] for s in statuses)
         gates = [g["conditionType"] for g in pod["spec"].get("readinessGates", [])]
         gates_open = all((pod_condition(pod, gate) or {}).get("status") == "True" for gate in gates)
@@ -184,7 +213,11 @@ class Kubelet:
         conditions = {
             "PodScheduled": ("True", "", ""),
             "Initialized": ("True", "", ""),
-            "ContainersReady": ("True" if containers_ready else "False", "" if containers_ready else "ContainersNotReady", ""),
+            "ContainersReady": (
+                "True" if containers_ready else "False",
+                "" if containers_ready else "ContainersNotReady",
+                "",
+            ),
             "Ready": ("True" if ready else "False", reason, ""),
         }
         status = {
@@ -197,22 +230,32 @@ class Kubelet:
         }
         if pod["spec"].get("initContainers"):
             status["initContainerStatuses"] = [
-                {"name": c["name"], "image": c.get("image", ""), "imageID": "", "ready": True, "restartCount": 0,
-                 "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+                {
+                    "name": c["name"],
+                    "image": c.get("image", ""),
+                    "imageID": "",
+                    "ready": True,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                }
                 for c in pod["spec"]["initContainers"]
             ]
         await self._set_pod_conditions(pod, conditions, status)
 
-    async def _set_pod_conditions(self, pod: dict[str, Any], conditions: dict[str, tuple[str, str, str]],
-                                  status: dict[str, Any] | None = None) -> None:
+    async def _set_pod_conditions(
+        self, pod: dict[str, Any], conditions: dict[str, tuple[str, str, str]], status: dict[str, Any] | None = None
+    ) -> None:
         """Write the kubelet's conditions, keeping others' (readiness gates) untouched; skip no-op writes."""
         current = (pod.get("status") or {}).get("conditions", [])
         merged = [c for c in current if c.get("type") not in conditions]
         for kind, (value, reason, message) in conditions.items():
             old = next((c for c in current if c.get("type") == kind), None)
             same = old is not None and old.get("status") == value
-            entry = {"type": kind, "status": value,
-                     "lastTransitionTime": old.get("lastTransitionTime") if same and old else now()}
+            entry = {
+                "type": kind,
+                "status": value,
+                "lastTransitionTime": old.get("lastTransitionTime") if same and old else now(),
+            }
             if reason:
                 entry["reason"] = reason
             if message:
@@ -227,8 +270,13 @@ class Kubelet:
         if all(comparable(old_status.get(k)) == comparable(v) for k, v in new_status.items()):
             return
         try:
-            await self.kube.patch(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"], {"status": new_status},
-                                  subresource="status")
+            await self.kube.patch(
+                PODS,
+                pod["metadata"]["namespace"],
+                pod["metadata"]["name"],
+                {"status": new_status},
+                subresource="status",
+            )
         except APIError as error:
             if error.status != 404:
                 raise

@@ -36,16 +36,26 @@ class NodeSpec:
             "capacity": allocatable,
             "allocatable": allocatable,
             "conditions": [
-                {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "simulated node",
-                 "lastHeartbeatTime": now(), "lastTransitionTime": now()}
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "simulated node",
+                    "lastHeartbeatTime": now(),
+                    "lastTransitionTime": now(),
+                }
             ],
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": self.name}],
             "nodeInfo": {
-                "machineID": self.name, "systemUUID": self.name, "bootID": self.name,
-                "kernelVersion": "simulated", "osImage": "kvtier pod simulator",
-                "containerRuntimeVersion": "kvtier-sim://1", "kubeletVersion": "v1.33.0-kvtier-sim",
-                "kubeProxyVersion": "v1.33.0-kvtier-sim", "operatingSystem": "linux", "architecture": "amd64",
+                "machineID": self.name,
+                "systemUUID": self.name,
+                "bootID": self.name,
+                "kernelVersion": "simulated",
+                "osImage": "kvtier pod simulator",
+                "containerRuntimeVersion": "kvtier-sim://1",
+                "kubeletVersion": "v1.33.0-kvtier-sim",
+                "kubeProxyVersion": "v1.33.0-kvtier-sim",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
             },
         }
-
-

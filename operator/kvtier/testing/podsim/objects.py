@@ -72,12 +72,16 @@ async def isolated(obj: dict[str, Any], step: Any) -> None:
 
 
 def job_condition(kind: str, reason: str, message: str) -> dict[str, Any]:
-    return {"type": kind, "status": "True", "reason": reason, "message": message,
-            "lastProbeTime": now(), "lastTransitionTime": now()}
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastProbeTime": now(),
+        "lastTransitionTime": now(),
+    }
 
 
 def is_ready(pod: dict[str, Any]) -> bool:
     condition = pod_condition(pod, "Ready")
     return bool(condition and condition.get("status") == "True")
-
-

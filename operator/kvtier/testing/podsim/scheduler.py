@@ -16,8 +16,10 @@ class Scheduler:
     kube: KubeClient
 
     async def _schedule(self, pods: list[dict[str, Any]]) -> None:
-        claims = {(c["metadata"]["namespace"], c["metadata"]["name"]): c
-                  for c in (await self.kube.list(PERSISTENT_VOLUME_CLAIMS))["items"]}
+        claims = {
+            (c["metadata"]["namespace"], c["metadata"]["name"]): c
+            for c in (await self.kube.list(PERSISTENT_VOLUME_CLAIMS))["items"]
+        }
         nodes = {n["metadata"]["name"]: n for n in (await self.kube.list(NODES))["items"]}
         used: dict[str, dict[str, Decimal]] = {name: {"pods": Decimal(0)} for name in nodes}
         for pod in pods:
@@ -57,20 +59,26 @@ class Scheduler:
         return None
 
     @staticmethod
-    def _fit(pod: dict[str, Any], nodes: dict[str, dict[str, Any]],
-             used: dict[str, dict[str, Decimal]]) -> tuple[str | None, str]:
+    def _fit(
+        pod: dict[str, Any], nodes: dict[str, dict[str, Any]], used: dict[str, dict[str, Decimal]]
+    ) -> tuple[str | None, str]:
         requests = {**pod_requests(pod), "pods": Decimal(1)}
         selector = pod["spec"].get("nodeSelector") or {}
         shortages: dict[str, int] = {}
         for name in sorted(nodes):
             labels = nodes[name]["metadata"].get("labels") or {}
             if any(labels.get(k) != v for k, v in selector.items()):
-                shortages["node(s) didn't match Pod's node affinity/selector"] = shortages.get(
-                    "node(s) didn't match Pod's node affinity/selector", 0) + 1
+                shortages["node(s) didn't match Pod's node affinity/selector"] = (
+                    shortages.get("node(s) didn't match Pod's node affinity/selector", 0) + 1
+                )
                 continue
             allocatable = (nodes[name].get("status") or {}).get("allocatable") or {}
-            short = [resource for resource, value in requests.items() if value > 0 and
-                     used[name].get(resource, Decimal(0)) + value > quantity_value(str(allocatable.get(resource, "0")))]
+            short = [
+                resource
+                for resource, value in requests.items()
+                if value > 0
+                and used[name].get(resource, Decimal(0)) + value > quantity_value(str(allocatable.get(resource, "0")))
+            ]
             if not short:
                 return name, ""
             for resource in short:
@@ -78,4 +86,3 @@ class Scheduler:
                 shortages[key] = shortages.get(key, 0) + 1
         detail = ", ".join(f"{count} {reason}" for reason, count in sorted(shortages.items()))
         return None, f"0/{len(nodes)} nodes are available: {detail or 'no nodes'}."
-

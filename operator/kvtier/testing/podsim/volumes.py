@@ -54,17 +54,26 @@ class VolumeControllers:
         for claim in claims:
             annotations = claim["metadata"].get("annotations") or {}
             storage_class = classes.get(claim["spec"].get("storageClassName") or "")
-            if ((claim.get("status") or {}).get("phase") == "Bound" or claim["metadata"].get("deletionTimestamp")
-                    or claim["metadata"]["uid"] in claimed or storage_class is None
-                    or annotations.get("volume.kubernetes.io/storage-provisioner") != storage_class["provisioner"]):
+            if (
+                (claim.get("status") or {}).get("phase") == "Bound"
+                or claim["metadata"].get("deletionTimestamp")
+                or claim["metadata"]["uid"] in claimed
+                or storage_class is None
+                or annotations.get("volume.kubernetes.io/storage-provisioner") != storage_class["provisioner"]
+            ):
                 continue
-            if (storage_class.get("volumeBindingMode") == "WaitForFirstConsumer"
-                    and "volume.kubernetes.io/selected-node" not in annotations):
+            if (
+                storage_class.get("volumeBindingMode") == "WaitForFirstConsumer"
+                and "volume.kubernetes.io/selected-node" not in annotations
+            ):
                 continue
             await isolated(claim, self._provision(claim, storage_class, claim_ref=True))
         for volume in volumes:
-            if ((volume.get("status") or {}).get("phase") == "Released" and volume["spec"].get("csi")
-                    and volume["spec"].get("persistentVolumeReclaimPolicy") == "Delete"):
+            if (
+                (volume.get("status") or {}).get("phase") == "Released"
+                and volume["spec"].get("csi")
+                and volume["spec"].get("persistentVolumeReclaimPolicy") == "Delete"
+            ):
                 await isolated(volume, self.kube.delete(PERSISTENT_VOLUMES, None, volume["metadata"]["name"]))
         await self._resize_volumes()
 
@@ -74,16 +83,29 @@ class VolumeControllers:
             status = claim.get("status") or {}
             wanted = claim["spec"].get("resources", {}).get("requests", {}).get("storage")
             have = (status.get("capacity") or {}).get("storage")
-            if status.get("phase") != "Bound" or wanted is None or have is None \
-                    or quantity_value(str(wanted)) <= quantity_value(str(have)):
+            if (
+                status.get("phase") != "Bound"
+                or wanted is None
+                or have is None
+                or quantity_value(str(wanted)) <= quantity_value(str(have))
+            ):
                 continue
             volume = claim["spec"].get("volumeName")
             if volume:
-                await isolated(claim, self.kube.patch(PERSISTENT_VOLUMES, None, volume,
-                                                       {"spec": {"capacity": {"storage": wanted}}}))
-            await isolated(claim, self.kube.patch(
-                PERSISTENT_VOLUME_CLAIMS, claim["metadata"]["namespace"], claim["metadata"]["name"],
-                {"status": {"capacity": {"storage": wanted}}}, subresource="status"))
+                await isolated(
+                    claim,
+                    self.kube.patch(PERSISTENT_VOLUMES, None, volume, {"spec": {"capacity": {"storage": wanted}}}),
+                )
+            await isolated(
+                claim,
+                self.kube.patch(
+                    PERSISTENT_VOLUME_CLAIMS,
+                    claim["metadata"]["namespace"],
+                    claim["metadata"]["name"],
+                    {"status": {"capacity": {"storage": wanted}}},
+                    subresource="status",
+                ),
+            )
 
     async def _set_volume_phases(self) -> None:
         """Bound while the claim it names exists, then Released (Retain) or deleted (Delete); else Available."""
@@ -100,8 +122,10 @@ class VolumeControllers:
             else:
                 phase = "Released"
             if (volume.get("status") or {}).get("phase") != phase:
-                await isolated(volume, self.kube.patch(PERSISTENT_VOLUMES, None, name, {"status": {"phase": phase}},
-                                                        subresource="status"))
+                await isolated(
+                    volume,
+                    self.kube.patch(PERSISTENT_VOLUMES, None, name, {"status": {"phase": phase}}, subresource="status"),
+                )
 
     @staticmethod
     def _matching_volume(claim: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -116,28 +140,37 @@ class VolumeControllers:
 
         for volume in volumes:
             ref = volume["spec"].get("claimRef") or {}
-            if (ref.get("name"), ref.get("namespace")) == (name, namespace) and ref.get("uid") in (None, claim["metadata"]["uid"]):
+            if (ref.get("name"), ref.get("namespace")) == (name, namespace) and ref.get("uid") in (
+                None,
+                claim["metadata"]["uid"],
+            ):
                 return volume if fits(volume) else None
         if spec.get("volumeName"):
             return next((v for v in volumes if v["metadata"]["name"] == spec["volumeName"] and fits(v)), None)
         selector = (spec.get("selector") or {}).get("matchLabels") or {}
         for volume in sorted(volumes, key=lambda v: v["metadata"]["name"]):
             labels = volume["metadata"].get("labels") or {}
-            if (not volume["spec"].get("claimRef")
-                    and volume["spec"].get("storageClassName", "") == spec.get("storageClassName", "")
-                    and all(labels.get(k) == v for k, v in selector.items()) and fits(volume)):
+            if (
+                not volume["spec"].get("claimRef")
+                and volume["spec"].get("storageClassName", "") == spec.get("storageClassName", "")
+                and all(labels.get(k) == v for k, v in selector.items())
+                and fits(volume)
+            ):
                 return volume
         return None
 
-    async def _provision(self, claim: dict[str, Any], storage_class: dict[str, Any], *,
-                         claim_ref: bool = False) -> dict[str, Any]:
+    async def _provision(
+        self, claim: dict[str, Any], storage_class: dict[str, Any], *, claim_ref: bool = False
+    ) -> dict[str, Any]:
         """A PV for the claim (`claim_ref`: pre-bound to it, as an external provisioner creates them)."""
         spec = claim["spec"]
         volume = {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
-            "metadata": {"name": f"pvc-{claim['metadata']['uid']}",
-                         "annotations": {"pv.kubernetes.io/provisioned-by": storage_class["provisioner"]}},
+            "metadata": {
+                "name": f"pvc-{claim['metadata']['uid']}",
+                "annotations": {"pv.kubernetes.io/provisioned-by": storage_class["provisioner"]},
+            },
             "spec": {
                 "capacity": {"storage": spec["resources"]["requests"]["storage"]},
                 "accessModes": spec.get("accessModes", ["ReadWriteOnce"]),
@@ -148,19 +181,30 @@ class VolumeControllers:
             },
         }
         if claim_ref:
-            volume["spec"]["claimRef"] = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                                          "namespace": claim["metadata"]["namespace"],
-                                          "name": claim["metadata"]["name"], "uid": claim["metadata"]["uid"]}
+            volume["spec"]["claimRef"] = {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "namespace": claim["metadata"]["namespace"],
+                "name": claim["metadata"]["name"],
+                "uid": claim["metadata"]["uid"],
+            }
         return await self.kube.create(PERSISTENT_VOLUMES, volume)
 
     async def _bind(self, claim: dict[str, Any], volume: dict[str, Any]) -> None:
         name, namespace = claim["metadata"]["name"], claim["metadata"]["namespace"]
-        claim_ref = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": namespace, "name": name,
-                     "uid": claim["metadata"]["uid"]}
+        claim_ref = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "namespace": namespace,
+            "name": name,
+            "uid": claim["metadata"]["uid"],
+        }
         volume_name = volume["metadata"]["name"]
         await self.kube.patch(PERSISTENT_VOLUMES, None, volume_name, {"spec": {"claimRef": claim_ref}})
         await self.kube.patch(PERSISTENT_VOLUME_CLAIMS, namespace, name, {"spec": {"volumeName": volume_name}})
-        status = {"phase": "Bound", "accessModes": volume["spec"].get("accessModes"),
-                  "capacity": volume["spec"].get("capacity")}
+        status = {
+            "phase": "Bound",
+            "accessModes": volume["spec"].get("accessModes"),
+            "capacity": volume["spec"].get("capacity"),
+        }
         await self.kube.patch(PERSISTENT_VOLUME_CLAIMS, namespace, name, {"status": status}, subresource="status")
-

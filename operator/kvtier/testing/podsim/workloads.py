@@ -21,7 +21,9 @@ class WorkloadControllers:
         spec, name, namespace = sts["spec"], sts["metadata"]["name"], sts["metadata"]["namespace"]
         replicas = spec.get("replicas", 1)
         revision = template_hash(spec["template"])
-        by_ordinal = {int(p["metadata"]["name"].rsplit("-", 1)[1]): p for p in pods if re.search(r"-\d+$", p["metadata"]["name"])}
+        by_ordinal = {
+            int(p["metadata"]["name"].rsplit("-", 1)[1]): p for p in pods if re.search(r"-\d+$", p["metadata"]["name"])
+        }
         for ordinal in range(replicas):
             await self._ensure_claims(sts, ordinal)
         ordered = spec.get("podManagementPolicy", "OrderedReady") == "OrderedReady"
@@ -30,9 +32,18 @@ class WorkloadControllers:
                 continue
             if ordered and not all(o in by_ordinal and is_ready(by_ordinal[o]) for o in range(ordinal)):
                 break
-            await self._create_pod(sts, f"{name}-{ordinal}", revision, {"apps.kubernetes.io/pod-index": str(ordinal),
-                                                                        "statefulset.kubernetes.io/pod-name": f"{name}-{ordinal}"},
-                                   hostname=f"{name}-{ordinal}", subdomain=spec.get("serviceName"), ordinal=ordinal)
+            await self._create_pod(
+                sts,
+                f"{name}-{ordinal}",
+                revision,
+                {
+                    "apps.kubernetes.io/pod-index": str(ordinal),
+                    "statefulset.kubernetes.io/pod-name": f"{name}-{ordinal}",
+                },
+                hostname=f"{name}-{ordinal}",
+                subdomain=spec.get("serviceName"),
+                ordinal=ordinal,
+            )
         for ordinal in sorted((o for o in by_ordinal if o >= replicas), reverse=True):
             await self.kube.delete(PODS, namespace, by_ordinal[ordinal]["metadata"]["name"])
             if ordered:
@@ -40,7 +51,9 @@ class WorkloadControllers:
         if (spec.get("persistentVolumeClaimRetentionPolicy") or {}).get("whenScaled") == "Delete":
             await self._delete_condemned_claims(sts, set(by_ordinal))
         current = [by_ordinal[o] for o in sorted(by_ordinal) if o < replicas]
-        outdated = [p for p in current if p["metadata"]["labels"].get("controller-revision-hash") != f"{name}-{revision}"]
+        outdated = [
+            p for p in current if p["metadata"]["labels"].get("controller-revision-hash") != f"{name}-{revision}"
+        ]
         if outdated and len(current) == replicas and all(is_ready(p) for p in current):
             await self.kube.delete(PODS, namespace, outdated[-1]["metadata"]["name"])
         ready = sum(is_ready(p) for p in current)
@@ -64,7 +77,7 @@ class WorkloadControllers:
         prefixes = [f"{t['metadata']['name']}-{name}-" for t in sts["spec"].get("volumeClaimTemplates", [])]
         for claim in (await self.kube.list(PERSISTENT_VOLUME_CLAIMS, namespace))["items"]:
             claim_name = claim["metadata"]["name"]
-            suffix = next((claim_name[len(p):] for p in prefixes if claim_name.startswith(p)), "")
+            suffix = next((claim_name[len(p) :] for p in prefixes if claim_name.startswith(p)), "")
             if suffix.isdigit() and int(suffix) >= sts["spec"].get("replicas", 1) and int(suffix) not in running:
                 await self.kube.delete(PERSISTENT_VOLUME_CLAIMS, namespace, claim_name)
 
@@ -75,15 +88,27 @@ class WorkloadControllers:
             claim = f"{template['metadata']['name']}-{name}-{ordinal}"
             if await self.kube.get_or_none(PERSISTENT_VOLUME_CLAIMS, namespace, claim) is not None:
                 continue
-            labels = {**(template["metadata"].get("labels") or {}), **(sts["spec"]["selector"].get("matchLabels") or {})}
+            labels = {
+                **(template["metadata"].get("labels") or {}),
+                **(sts["spec"]["selector"].get("matchLabels") or {}),
+            }
             metadata: dict[str, Any] = {"name": claim, "namespace": namespace, "labels": labels}
             if retention == "Delete":
                 metadata["ownerReferences"] = [owner_reference(sts)]
             body = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": template["spec"]}
             await self.kube.create(PERSISTENT_VOLUME_CLAIMS, body)
 
-    async def _create_pod(self, owner: dict[str, Any], name: str, revision: str, labels: dict[str, str], *,
-                          hostname: str | None = None, subdomain: str | None = None, ordinal: int | None = None) -> None:
+    async def _create_pod(
+        self,
+        owner: dict[str, Any],
+        name: str,
+        revision: str,
+        labels: dict[str, str],
+        *,
+        hostname: str | None = None,
+        subdomain: str | None = None,
+        ordinal: int | None = None,
+    ) -> None:
         template = owner["spec"]["template"]
         owner_name, namespace = owner["metadata"]["name"], owner["metadata"]["namespace"]
         spec = json.loads(json.dumps(template["spec"]))
@@ -91,8 +116,9 @@ class WorkloadControllers:
             volumes = spec.setdefault("volumes", [])
             for claim_template in owner["spec"].get("volumeClaimTemplates", []):
                 claim_name = claim_template["metadata"]["name"]
-                volumes.append({"name": claim_name,
-                                "persistentVolumeClaim": {"claimName": f"{claim_name}-{owner_name}-{ordinal}"}})
+                volumes.append(
+                    {"name": claim_name, "persistentVolumeClaim": {"claimName": f"{claim_name}-{owner_name}-{ordinal}"}}
+                )
         if hostname:
             spec["hostname"] = hostname
         if subdomain:
@@ -103,8 +129,11 @@ class WorkloadControllers:
             "metadata": {
                 "name": name,
                 "namespace": namespace,
-                "labels": {**(template["metadata"].get("labels") or {}), **labels,
-                           "controller-revision-hash": f"{owner_name}-{revision}"},
+                "labels": {
+                    **(template["metadata"].get("labels") or {}),
+                    **labels,
+                    "controller-revision-hash": f"{owner_name}-{revision}",
+                },
                 "annotations": template["metadata"].get("annotations") or {},
                 "ownerReferences": [owner_reference(owner)],
             },
@@ -157,23 +186,40 @@ class WorkloadControllers:
             return
         name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
         status = job.get("status") or {}
-        if any(c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in status.get("conditions", [])):
+        if any(
+            c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in status.get("conditions", [])
+        ):
             return
         phases = [(p.get("status") or {}).get("phase") for p in pods]
         succeeded, failed = phases.count("Succeeded"), phases.count("Failed")
-        active = sum(1 for p, phase in zip(pods, phases)
-                     if phase not in ("Succeeded", "Failed") and not p["metadata"].get("deletionTimestamp"))
+        active = sum(
+            1
+            for p, phase in zip(pods, phases)
+            if phase not in ("Succeeded", "Failed") and not p["metadata"].get("deletionTimestamp")
+        )
         backoff_limit = job["spec"].get("backoffLimit", 6)
-        new: dict[str, Any] = {"active": active, "succeeded": succeeded, "failed": failed,
-                               "startTime": status.get("startTime") or now()}
+        new: dict[str, Any] = {
+            "active": active,
+            "succeeded": succeeded,
+            "failed": failed,
+            "startTime": status.get("startTime") or now(),
+        }
         if succeeded:
-            new.update(active=0, completionTime=now(), conditions=[
-                job_condition("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods"),
-                job_condition("Complete", "CompletionsReached", "Reached expected number of succeeded pods")])
+            new.update(
+                active=0,
+                completionTime=now(),
+                conditions=[
+                    job_condition(
+                        "SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods"
+                    ),
+                    job_condition("Complete", "CompletionsReached", "Reached expected number of succeeded pods"),
+                ],
+            )
         elif failed > backoff_limit:
             new["conditions"] = [
                 job_condition("FailureTarget", "BackoffLimitExceeded", "Job has reached the specified backoff limit"),
-                job_condition("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")]
+                job_condition("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"),
+            ]
         elif not active:
             await self._create_job_pod(job)
             new["active"] = 1
@@ -183,8 +229,11 @@ class WorkloadControllers:
     async def _create_job_pod(self, job: dict[str, Any]) -> None:
         template = job["spec"]["template"]
         name = job["metadata"]["name"]
-        labels = {"batch.kubernetes.io/job-name": name, "job-name": name,
-                  "batch.kubernetes.io/controller-uid": job["metadata"]["uid"]}
+        labels = {
+            "batch.kubernetes.io/job-name": name,
+            "job-name": name,
+            "batch.kubernetes.io/controller-uid": job["metadata"]["uid"],
+        }
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -198,4 +247,3 @@ class WorkloadControllers:
             "spec": json.loads(json.dumps(template["spec"])),
         }
         await self.kube.create(PODS, pod)
-
