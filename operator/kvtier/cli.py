@@ -764,6 +764,7 @@ def plan(
 
     from kvtier.api.units import parse_quantity
     from kvtier.rebalance import planner, planreport
+    from kvtier.rebalance import prices as pricing
 
     def quantity(text: str, hint: str) -> int:
         try:
@@ -795,7 +796,7 @@ def plan(
     prices = None
     if prices_path is not None:
         try:
-            prices = planner.price_table(yaml.safe_load(prices_path.read_text()))
+            prices = pricing.price_table(yaml.safe_load(prices_path.read_text()))
         except (OSError, yaml.YAMLError, ValueError) as error:
             raise click.ClickException(f"{prices_path}: {error}") from error
     bandwidth = float(quantity(read_bandwidth, "--read-bandwidth")) if read_bandwidth else None

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.rebalance import planner
+from kvtier.rebalance import planner, prices
 from kvtier.rebalance.allocator import allocate
 from kvtier.rebalance.costmodel import CostModel
 from kvtier.sim import planning
@@ -113,13 +113,13 @@ PRICES = {
 
 
 def test_prices_per_array_round_up_and_per_tb_is_linear():
-    table = planner.price_table(PRICES)
+    table = prices.price_table(PRICES)
     slow, fast, by_tb = table.options
     assert slow.price(10) == 100 and slow.price(11) == 200 and slow.arrays(25) == 3
     assert by_tb.price(3) == pytest.approx(15)
     assert table.choose(3, read_bytes_per_second=2.0)[0].name == "by-tb"
     # The cheapest option whose arrays carry the reads, else the cheapest of all.
-    arrays = planner.PriceTable("CNY", (slow, fast))
+    arrays = prices.PriceTable("CNY", (slow, fast))
     assert arrays.choose(10, read_bytes_per_second=0.5) == (slow, 100)
     assert arrays.choose(10, read_bytes_per_second=2.0) == (fast, 300)
     assert arrays.choose(20, read_bytes_per_second=2.0) == (slow, 200)  # two slow arrays read 2 bytes/s
@@ -135,15 +135,15 @@ def test_price_table_from_a_configmap_and_errors_name_the_field():
         "metadata": {"name": "p"},
         "data": {"prices.yaml": yaml.safe_dump(PRICES)},
     }
-    assert planner.price_table(configmap).amortization_years == 2
+    assert prices.price_table(configmap).amortization_years == 2
     with pytest.raises(ValueError, match=r"data.prices.yaml"):
-        planner.price_table({"kind": "ConfigMap", "data": {}})
+        prices.price_table({"kind": "ConfigMap", "data": {}})
     with pytest.raises(ValueError, match=r"options\[0\] \(x\).*exactly one of perArray and perTB"):
-        planner.price_table({"options": [{"name": "x"}]})
+        prices.price_table({"options": [{"name": "x"}]})
     with pytest.raises(ValueError, match=r"options\[0\] \(x\)"):
-        planner.price_table({"options": [{"name": "x", "perArray": {"price": 1, "capacity": "lots"}}]})
+        prices.price_table({"options": [{"name": "x", "perArray": {"price": 1, "capacity": "lots"}}]})
     with pytest.raises(ValueError, match="options"):
-        planner.price_table({"currency": "CNY"})
+        prices.price_table({"currency": "CNY"})
 
 
 def outcome(blocks, ratio, ttft=1.0, saved=3600.0, price=None):

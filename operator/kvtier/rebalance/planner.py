@@ -17,7 +17,7 @@ their arrivals and prompt lengths, and its cost model. For every candidate capac
    :class:`~kvtier.sim.replay.PrefillQueue` (the cost model's prefill time, storage loads
    overlapping compute layer by layer, one queue per replica);
    the read bandwidth the hits need (mean over the run and the busiest minute) is compared with
-   the pool's; :func:`priced` prices it from a :class:`PriceTable`.
+   the pool's; :func:`priced` prices it from a :class:`~kvtier.rebalance.prices.PriceTable`.
 
 A live cluster publishes only a few points of each deployment's curve (:class:`CurveProfile`, read
 by :mod:`kvtier.rebalance.planlive`); :func:`evaluate_curves` then stands in for step 2, coarser.
@@ -37,6 +37,7 @@ from typing import Any
 
 from kvtier.rebalance.allocator import Demand, allocate
 from kvtier.rebalance.costmodel import CostModel
+from kvtier.rebalance.prices import PriceTable
 
 #: A pool is divided in about this many allocation units (the operator's ``POOL_UNITS``).
 PLAN_UNITS = 4096
@@ -45,8 +46,6 @@ DEFAULT_FACTORS = (0.25, 0.35, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8, 4.0)
 #: The window of the peak read bandwidth.
 PEAK_WINDOW_SECONDS = 60.0
 SECONDS_PER_YEAR = 365 * 24 * 3600.0
-#: The key of a ConfigMap that holds a price table.
-PRICES_KEY = "prices.yaml"
 
 
 @dataclass(frozen=True)
@@ -198,65 +197,6 @@ def evaluate_curves(
         read_bytes_per_second_peak=read_rate,
         read_bandwidth=read_bandwidth,
     )
-
-
-@dataclass(frozen=True)
-class PriceOption:
-    """One way to buy capacity: whole arrays (``array_bytes`` each) or by the terabyte."""
-
-    name: str
-    price_per_array: float | None = None
-    array_bytes: int | None = None
-    array_read_bytes_per_second: float | None = None
-    price_per_tb: float | None = None
-
-    def __post_init__(self) -> None:
-        per_array = self.price_per_array is not None
-        if per_array == (self.price_per_tb is not None):
-            raise ValueError(f"price option {self.name!r}: needs exactly one of perArray and perTB")
-        if per_array and not (self.array_bytes and self.array_bytes > 0):
-            raise ValueError(f"price option {self.name!r}: perArray needs a capacity > 0")
-
-    def arrays(self, capacity_bytes: int) -> int | None:
-        return None if self.array_bytes is None else max(1, -(-capacity_bytes // self.array_bytes))
-
-    def arrays_read_bandwidth(self, capacity_bytes: int) -> float | None:
-        """Read bytes per second of the arrays that hold ``capacity_bytes``, when the option says."""
-        arrays = self.arrays(capacity_bytes)
-        if arrays is None or self.array_read_bytes_per_second is None:
-            return None
-        return arrays * self.array_read_bytes_per_second
-
-    def price(self, capacity_bytes: int) -> float:
-        arrays = self.arrays(capacity_bytes)
-        if arrays is not None:
-            return arrays * (self.price_per_array or 0.0)  # __post_init__: per-array options have a price
-        return capacity_bytes / 1e12 * (self.price_per_tb or 0.0)  # and the others a per-TB one
-
-
-@dataclass(frozen=True)
-class PriceTable:
-    currency: str
-    options: tuple[PriceOption, ...]
-    amortization_years: float = 3.0
-    """Over how long a purchase is spread when priced per saved GPU-hour."""
-
-    def choose(
-        self, capacity_bytes: int, read_bytes_per_second: float, read_bandwidth: float | None = None
-    ) -> tuple[PriceOption, float]:
-        """The cheapest option whose read bandwidth (the pool's when given, else its arrays') carries
-        ``read_bytes_per_second``; the cheapest of all when none does."""
-
-        def carries(option: PriceOption) -> bool:
-            arrays_bandwidth = option.arrays_read_bandwidth(capacity_bytes)
-            if read_bandwidth is not None or arrays_bandwidth is None:
-                return read_bandwidth is None or read_bytes_per_second <= read_bandwidth
-            return read_bytes_per_second <= arrays_bandwidth
-
-        priced = sorted(((option.price(capacity_bytes), index, option) for index, option in enumerate(self.options)))
-        fitting = [entry for entry in priced if carries(entry[2])] or priced
-        price, _, option = fitting[0]
-        return option, price
 
 
 @dataclass(frozen=True)
@@ -540,46 +480,3 @@ def _describe(targets: Targets) -> str:
     if targets.max_price_per_saved_gpu_hour is not None:
         parts.append(f"price per saved GPU-hour <= {targets.max_price_per_saved_gpu_hour}")
     return " and ".join(parts)
-
-
-def price_table(data: Mapping[str, Any]) -> PriceTable:
-    """A price table from its YAML shape, bare or in a ConfigMap's ``prices.yaml`` key
-    (manifests/examples/prices-fx100.yaml); errors name the field."""
-    import yaml
-
-    from kvtier.api.units import parse_quantity
-
-    if isinstance(data, Mapping) and data.get("kind") == "ConfigMap":
-        text = (data.get("data") or {}).get(PRICES_KEY)
-        if not isinstance(text, str):
-            raise ValueError(f"data.{PRICES_KEY}: required in a ConfigMap of prices")
-        data = yaml.safe_load(text)
-    if not isinstance(data, Mapping):
-        raise ValueError("a price table is a mapping with currency and options")
-    options = data.get("options")
-    if not isinstance(options, list) or not options:
-        raise ValueError("options: needs at least one price option")
-    parsed = []
-    for index, row in enumerate(options):
-        where = f"options[{index}]"
-        if not isinstance(row, Mapping) or not row.get("name"):
-            raise ValueError(f"{where}.name: required")
-        try:
-            if "perArray" in row:
-                per_array = row["perArray"]
-                bandwidth = per_array.get("readBandwidth")
-                parsed.append(
-                    PriceOption(
-                        str(row["name"]),
-                        price_per_array=float(per_array["price"]),
-                        array_bytes=parse_quantity(per_array["capacity"]),
-                        array_read_bytes_per_second=None if bandwidth is None else float(parse_quantity(bandwidth)),
-                    )
-                )
-            else:
-                parsed.append(
-                    PriceOption(str(row["name"]), price_per_tb=float(row["perTB"]) if "perTB" in row else None)
-                )
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise ValueError(f"{where} ({row.get('name')}): {error}") from error
-    return PriceTable(str(data.get("currency", "")), tuple(parsed), float(data.get("amortizationYears", 3.0)))

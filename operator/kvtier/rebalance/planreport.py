@@ -6,7 +6,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from kvtier.rebalance.planner import CapacityOutcome, Pick, PriceTable, Targets
+from kvtier.rebalance.planner import CapacityOutcome, Pick, Targets
+from kvtier.rebalance.prices import PriceTable
 
 
 def _bytes(value: float) -> str:
