@@ -188,6 +188,21 @@ class OracleDynamicPolicy(DynamicPolicy):
         return self.splits[index] if index < len(self.splits) else None
 
 
+class PreviousEpochOracle(OracleDynamicPolicy):
+    """The best a causal rebalancer could do with perfect knowledge of the past: every epoch, the
+    split that was best for the *previous* epoch's exact curves, on real partitions (a grown one
+    fills with misses). A reference for ``bench/`` and the tests, not a scenario policy."""
+
+    name = "previous-epoch-oracle"
+
+    def __init__(self, scenario: Scenario, hindsight: Hindsight) -> None:
+        super().__init__(scenario, hindsight)
+        self.splits = self.splits[:1] + self.splits[:-1]
+
+    def pool(self, scenario: Scenario) -> IsolatedLRU:
+        return IsolatedLRU(self.initial_quotas(scenario))
+
+
 #: Scrapes a tenant's metrics may miss before its quota is frozen.
 STALE_SCRAPES = 3
 #: The ``kvtier`` policy divides a pool in about this many allocation units, as the operator does
