@@ -3,7 +3,9 @@
 For each scenario (the public ``three-phased`` and ``bench/scenarios/*.yaml``) the baselines run
 once: ``shared`` (one LRU, no quotas), ``equal`` and ``oracle-dynamic`` (the hindsight per-epoch
 split, a grown partition getting its blocks back at once), and for reference the same splits on
-real LRU partitions (a grown partition starts empty, as kvtier's do): what foresight alone buys. Then ``kvtier`` runs with every setting of the grid, a KVPool's ``spec.rebalance``
+real LRU partitions (a grown partition starts empty, as kvtier's do): what foresight alone buys, and
+the previous epoch's best split on real partitions (``PreviousEpochOracle``): what a causal rebalancer
+with perfect knowledge of the past gets. Then ``kvtier`` runs with every setting of the grid, a KVPool's ``spec.rebalance``
 (``interval``, ``cooldown``, ``maxStep``, ``minGain``) plus the estimator's window (its half-life
 in intervals). The table gives, per setting and scenario, kvtier's block hit ratio as a share of
 max(shared, oracle-dynamic), then the worst and the mean over the scenarios; the best setting is
@@ -26,7 +28,7 @@ from kvtier.api.units import parse_duration
 from kvtier.rebalance.demand import HALF_LIFE_INTERVALS
 from kvtier.sim.cache import IsolatedLRU
 from kvtier.sim.hindsight import Hindsight
-from kvtier.sim.policies import KvtierPolicy, OracleDynamicPolicy, build_policies, run_policy
+from kvtier.sim.policies import KvtierPolicy, OracleDynamicPolicy, PreviousEpochOracle, build_policies, run_policy
 from kvtier.sim.scenario import Scenario, load_scenario
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -123,8 +125,10 @@ def main() -> None:
     scenarios = [load_scenario(path) for path in paths]
     loaded = {}
     best: dict[str, float] = {}
-    print("| scenario | tenants | pool blocks | equal | shared | oracle-dynamic | its splits, real refill |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| scenario | tenants | pool blocks | equal | shared | oracle-dynamic | its splits, real refill | previous epoch's best split |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for scenario in scenarios:
         workloads = scenario.workloads()
         loaded[scenario.name] = workloads
@@ -133,6 +137,7 @@ def main() -> None:
             **build_policies(["equal", "shared"], scenario, workloads),
             "oracle-dynamic": OracleDynamicPolicy(scenario, hindsight),
             "real refill": RefillingOracle(scenario, hindsight),
+            "previous": PreviousEpochOracle(scenario, hindsight),
         }
         ratios = {
             name: run_policy(policy, scenario, workloads).overall.block_hit_ratio for name, policy in policies.items()
@@ -140,7 +145,7 @@ def main() -> None:
         best[scenario.name] = max(ratios["shared"], ratios["oracle-dynamic"])
         print(
             f"| {scenario.name} | {len(scenario.tenants)} | {scenario.capacity_blocks:,} | {ratios['equal']:.4f} | "
-            f"{ratios['shared']:.4f} | {ratios['oracle-dynamic']:.4f} | {ratios['real refill']:.4f} |"
+            f"{ratios['shared']:.4f} | {ratios['oracle-dynamic']:.4f} | {ratios['real refill']:.4f} | {ratios['previous']:.4f} |"
         )
     print()
     names = [scenario.name for scenario in scenarios]
