@@ -1,24 +1,26 @@
 """The rebalance round's plan (kvtier.rebalance.round): pool units to per-replica quotas never overflow the pool."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.api.inferencedeployment import InferenceDeployment
-from kvtier.rebalance.loop import Decision, LoopSettings
-from kvtier.rebalance.round import Member, explain, per_replica_quota, pool_unit, units_held
+from kvtier.rebalance.estimator import Estimate
+from kvtier.rebalance.loop import Decision, DeploymentState, LoopSettings
+from kvtier.rebalance.round import Member, explain, hit_values, per_replica_quota, pool_unit, units_held
 from kvtier.storage.ledger import QUOTA_ALIGN
 
 GI = 2**30
 
 
-def member(quota: int, replicas: int, min_: int = 0, max_: int = 64 * GI) -> Member:
+def member(quota: int, replicas: int, min_: int = 0, max_: int = 64 * GI, model: dict | None = None) -> Member:
     body = {
         "apiVersion": "kvtier.io/v1alpha1",
         "kind": "InferenceDeployment",
         "metadata": {"name": "d", "namespace": "ns", "uid": "u"},
         "spec": {
             "replicas": replicas,
-            "model": {"name": "m", "kvBytesPerToken": 131072},
+            "model": model or {"name": "m", "kvBytesPerToken": 131072},
             "engine": {"image": "vllm/vllm-openai:v0.33.0"},
             "kvCache": {
                 "chunkSize": 256,
@@ -84,3 +86,37 @@ def test_the_reason_speaks_the_specs_terms():
     assert explain(Decision("static", {}, {}, (), 0.0, 0.0, 0.0), LoopSettings(policy="Static")).startswith(
         "policy Static"
     )
+
+
+def _valued(models: dict[str, dict], prompts: dict[str, float]) -> dict[str, float] | None:
+    members = {label: member(0, 1, model=model) for label, model in models.items()}
+    states = {
+        label: DeploymentState(0, Estimate((0.0, 1.0), 1.0, False, "probe", 1.0, prompts[label])) for label in models
+    }
+    return hit_values(members, states)
+
+
+LLAMA_70B = {"name": "meta-llama/Llama-3.1-70B-Instruct", "kvBytesPerToken": 327680}
+
+
+def test_hits_of_known_models_are_valued_by_the_prefill_they_save():
+    """A hit token of a deployment with long prompts saves more attention than one with short prompts."""
+    values = _valued({"long": LLAMA_70B, "short": LLAMA_70B}, {"long": 32_000, "short": 1_000})
+    assert values is not None and values["long"] > 1 > values["short"]
+    assert sum(values.values()) / len(values) == pytest.approx(1.0)  # relative to the pool's mean
+    local = {"name": "/models/Meta-Llama-3-70B-Instruct/", "kvBytesPerToken": 327680}
+    assert _valued({"a": local, "b": LLAMA_70B}, {"a": 4_000, "b": 4_000}) == {"a": 1.0, "b": 1.0}
+
+
+def test_hit_tokens_count_alike_unless_every_model_is_known_and_matches_its_spec():
+    unknown = {"name": "acme/secret-model", "kvBytesPerToken": 327680}
+    assert _valued({"a": LLAMA_70B, "b": unknown}, {"a": 32_000, "b": 1_000}) is None
+    # The spec's architecture contradicts the name: not the model kvtier knows.
+    renamed = {
+        "name": "meta-llama/Llama-3.1-70B-Instruct",
+        "architecture": {"layers": 32, "kvHeads": 8, "headDim": 128},
+    }
+    assert _valued({"a": LLAMA_70B, "b": renamed}, {"a": 32_000, "b": 1_000}) is None
+    assert _valued({"a": LLAMA_70B, "b": LLAMA_70B}, {"a": 32_000, "b": 0.0}) is None  # no prompt length yet
+    reason = explain(Decision("moved", {}, {}, (), 0.1, 100.0, 110.0), LoopSettings(), valued=True)
+    assert "weighed by the prefill it saves" in reason

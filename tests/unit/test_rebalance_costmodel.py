@@ -65,3 +65,16 @@ def test_the_seeds_setting_recompute_against_loading_from_the_array():
     recompute = _closed_loop(model, prompt, 0)
     loaded = _closed_loop(model, prompt, prompt - 512)
     assert 12.6 / 2 <= recompute / loaded <= 12.6 * 2
+
+
+def test_known_models_by_id_or_path_and_the_flops_a_hit_token_saves():
+    from kvtier.rebalance.costmodel import LLAMA3_70B, QWEN3_CODER_480B, known_shape
+
+    assert known_shape("meta-llama/Meta-Llama-3-70B-Instruct") is LLAMA3_70B
+    assert known_shape("/mnt/models/qwen3-coder-480b-a35b-instruct-fp8") is QWEN3_CODER_480B
+    assert known_shape("acme/llama-3-70b-finetune") is None
+    # 2 x active parameters for every token, plus attention that grows with the prompt.
+    assert LLAMA3_70B.hit_token_flops(1) == pytest.approx(2 * 70.6e9 + 2 * 80 * 64 * 128)
+    # At 100k tokens attention is about as much again as the matrix products.
+    assert LLAMA3_70B.hit_token_flops(100_000) == pytest.approx(2 * 70.6e9 + 2 * 80 * 8192 * 100_000)
+    assert LLAMA3_70B.hit_token_flops(100_000) > 1.5 * LLAMA3_70B.hit_token_flops(1_000)

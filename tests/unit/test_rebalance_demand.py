@@ -66,6 +66,7 @@ def test_the_book_gives_the_estimators_curve_summed_over_replicas():
     for units in (2, 8, 32, 64):
         assert estimate.curve[units] == pytest.approx(2 * one.curve[units // 2])
     assert estimate.access_tokens_per_second == pytest.approx(2 * one.access_tokens_per_second)
+    assert one.mean_prompt_tokens > 0 and estimate.mean_prompt_tokens == pytest.approx(one.mean_prompt_tokens)
 
 
 def test_unknown_silent_or_forgotten_deployments_are_stale():

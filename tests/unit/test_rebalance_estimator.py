@@ -61,6 +61,7 @@ def test_the_probe_curve_is_exactly_a_brute_force_lru_at_every_capacity(seed):
         # Hits per second x the 10 observed seconds; flat beyond the tracked 64 chunks.
         assert estimate.curve[capacity] * 10 == pytest.approx(_lru_hits(requests, min(capacity, 64)), abs=1e-6)
     assert estimate.access_tokens_per_second * 10 == pytest.approx(sum(map(len, requests)))
+    assert estimate.mean_prompt_tokens == pytest.approx(sum(map(len, requests)) / len(requests))
 
 
 @pytest.mark.parametrize("front", [0, 4, 16])

@@ -47,6 +47,11 @@ class ModelShape:
         """K and V of every layer's KV heads."""
         return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_dtype_bytes
 
+    def hit_token_flops(self, prompt_tokens: float) -> float:
+        """Prefill FLOPs one hit token saves, on average over a hit prefix of ``prompt_tokens``:
+        ``(2 P_active P + 2 L w P^2) / P``. On the same GPUs, GPU seconds are proportional to it."""
+        return 2 * self.active_params + 2 * self.layers * self.q_width * max(prompt_tokens, 1.0)
+
 
 @dataclass(frozen=True)
 class ReplicaGPUs:
@@ -153,6 +158,50 @@ LLAMA3_70B = ModelShape(
 QWEN3_CODER_480B = ModelShape(
     "qwen3-coder-480b-a35b", active_params=35e9, layers=62, hidden=6144, attention_heads=96, kv_heads=8, head_dim=128
 )
+
+#: LLaMA-3-8B / 3.1-8B (config.json): 8.03e9 parameters, 32 layers, hidden 4,096, 32 query heads
+#: and 8 KV heads of 128.
+LLAMA3_8B = ModelShape(
+    "llama-3-8b", active_params=8.03e9, layers=32, hidden=4096, attention_heads=32, kv_heads=8, head_dim=128
+)
+
+#: Served models whose shape kvtier knows, by Hugging Face id (lower case; a local path matches by its
+#: last component). The operator values a deployment's storage hits by the prefill they save when
+#: every deployment of its pool runs one of these (docs/cost-model.md).
+KNOWN_MODELS = {
+    **dict.fromkeys(
+        [
+            "meta-llama/meta-llama-3-70b",
+            "meta-llama/meta-llama-3-70b-instruct",
+            "meta-llama/llama-3.1-70b",
+            "meta-llama/llama-3.1-70b-instruct",
+            "meta-llama/llama-3.3-70b-instruct",
+        ],
+        LLAMA3_70B,
+    ),
+    **dict.fromkeys(
+        [
+            "meta-llama/meta-llama-3-8b",
+            "meta-llama/meta-llama-3-8b-instruct",
+            "meta-llama/llama-3.1-8b",
+            "meta-llama/llama-3.1-8b-instruct",
+        ],
+        LLAMA3_8B,
+    ),
+    **dict.fromkeys(
+        ["qwen/qwen3-coder-480b-a35b-instruct", "qwen/qwen3-coder-480b-a35b-instruct-fp8"], QWEN3_CODER_480B
+    ),
+}
+
+
+def known_shape(model: str) -> ModelShape | None:
+    """The shape of a served model by its id or path (None when kvtier does not know it)."""
+    name = model.strip().rstrip("/").lower()
+    if name in KNOWN_MODELS:
+        return KNOWN_MODELS[name]
+    base = name.rsplit("/", 1)[-1]
+    return next((shape for key, shape in KNOWN_MODELS.items() if key.rsplit("/", 1)[-1] == base), None)
+
 
 #: Dense peaks from the vendors' data sheets (FLOP/s, without sparsity); efficiency 0.4, one stated
 #: assumption for long, compute-bound prefills (docs/cost-model.md), not tuned.

@@ -129,6 +129,7 @@ class DemandBook:
     ) -> Estimate:
         """The deployment's curve over its total quota of 0..`units` units (stale when no replica is fresh)."""
         curves, confidences, rates, sources = [], [], [], set()
+        prompts = []
         for replica in self._replicas.get(key, {}).values():
             estimate = self._replica_estimate(replica, now, units, geometry, half_life_seconds)
             if estimate.stale:
@@ -136,6 +137,7 @@ class DemandBook:
             curves.append(estimate.curve)
             confidences.append(estimate.confidence)
             rates.append(estimate.access_tokens_per_second)
+            prompts.append(estimate.mean_prompt_tokens)
             sources.add(estimate.source)
         if not curves or replicas < 1:
             return stale_estimate(units)
@@ -146,6 +148,7 @@ class DemandBook:
             stale=False,
             source="probe" if sources == {"probe"} else "counters",
             access_tokens_per_second=scale * sum(rates),
+            mean_prompt_tokens=_mean_prompt(rates, prompts),
         )
 
     def _replica_estimate(
@@ -171,3 +174,9 @@ class DemandBook:
             chunk_tokens=geometry.chunk_tokens,
             front_chunks=geometry.front_chunks,
         )
+
+
+def _mean_prompt(rates: Sequence[float], prompts: Sequence[float]) -> float:
+    """Tokens per lookup over replicas: their tokens per second over their lookups per second."""
+    lookups = sum(rate / prompt for rate, prompt in zip(rates, prompts) if prompt > 0)
+    return sum(rate for rate, prompt in zip(rates, prompts) if prompt > 0) / lookups if lookups > 0 else 0.0

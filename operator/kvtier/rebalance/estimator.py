@@ -102,6 +102,9 @@ class Estimate:
     source: Source
     access_tokens_per_second: float
     """Tokens looked up per second (the demand ``Proportional`` divides by)."""
+    mean_prompt_tokens: float = 0.0
+    """Tokens per lookup (a request's prompt, in whole chunks; 0 when unknown): how deep its hits reach,
+    which sets what a hit token is worth (:meth:`~kvtier.rebalance.costmodel.ModelShape.hit_token_flops`)."""
 
 
 def stale_estimate(units: int) -> Estimate:
@@ -292,6 +295,7 @@ class DemandEstimator:
             False,
             "probe",
             total * per_second,
+            total * chunk_tokens / lookups if lookups > 0 else 0.0,
         )
 
     def _from_counters(self, now: float, units: int) -> Estimate:
@@ -304,7 +308,12 @@ class DemandEstimator:
         fit = concave_fit(points)
         curve = tuple(rate * interpolate(fit, quota) for quota in range(units + 1))
         return Estimate(
-            curve, confidence(self._coverage(observed), lookups, self.confidence_lookups), False, "counters", rate
+            curve,
+            confidence(self._coverage(observed), lookups, self.confidence_lookups),
+            False,
+            "counters",
+            rate,
+            requested / lookups if lookups > 0 else 0.0,
         )
 
 

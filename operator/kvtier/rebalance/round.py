@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool, KVPoolStatus, QuotaMove, RebalanceRecord
 from kvtier.api.units import format_quantity
+from kvtier.rebalance.costmodel import known_shape
 from kvtier.rebalance.demand import HALF_LIFE_INTERVALS, DemandBook, Geometry
 from kvtier.rebalance.loop import Decision, DeploymentState, LoopSettings, decide
 from kvtier.render import StorageBinding
@@ -186,6 +187,9 @@ def plan_round(
     capacity_units = max(pool.spec.capacity - reserved - held, 0) // unit
     by_label = {m.label: m for m in in_round}
     states = {label: _state(book, m, unit, capacity_units, settings, now) for label, m in by_label.items()}
+    values = hit_values(by_label, states)
+    if values is not None:
+        states = {label: replace(state, hit_value=values[label]) for label, state in states.items()}
     decision = decide(states, capacity_units, settings, now, last_move)
     if settings.policy == "Static":  # exactly the requests, not their rounding to units
         quotas = {
@@ -210,7 +214,7 @@ def plan_round(
             time=decided_at,
             moved_bytes=moved_bytes,
             predicted_gain=gain,
-            reason=explain(decision, settings),
+            reason=explain(decision, settings, valued=values is not None),
             dry_run=decision.outcome == "dry-run",
             moves=moves,
         )
@@ -219,14 +223,45 @@ def plan_round(
     return RoundPlan(decision, settings, by_label, quotas, record)
 
 
-def explain(decision: Decision, settings: LoopSettings) -> str:
-    """Why the round moved, in the spec's terms (the loop's own reason counts internal units)."""
+def hit_values(members: Mapping[str, Member], states: Mapping[str, DeploymentState]) -> dict[str, float] | None:
+    """What a storage hit token of each deployment is worth, relative to the pool's mean: the prefill
+    FLOPs it saves (its model's shape, its mean prompt), so a deep hit of a long-context deployment
+    counts more. None (every hit token alike) unless every deployment that takes part runs a model
+    of :data:`~kvtier.rebalance.costmodel.KNOWN_MODELS` whose shape matches its spec, with a known
+    mean prompt: values in two units would not compare."""
+    flops = {}
+    for label, state in states.items():
+        if state.frozen:
+            continue
+        model = members[label].deployment.spec.model
+        shape = known_shape(model.name)
+        arch = model.architecture
+        if shape is None or (
+            arch is not None
+            and (arch.layers, arch.kv_heads, arch.head_dim) != (shape.layers, shape.kv_heads, shape.head_dim)
+        ):
+            return None
+        assert state.estimate is not None  # not frozen
+        if state.estimate.mean_prompt_tokens <= 0:
+            return None
+        flops[label] = shape.hit_token_flops(state.estimate.mean_prompt_tokens)
+    if not flops:
+        return None
+    mean = sum(flops.values()) / len(flops)
+    return {label: flops.get(label, mean) / mean for label in states}
+
+
+def explain(decision: Decision, settings: LoopSettings, valued: bool = False) -> str:
+    """Why the round moved, in the spec's terms (the loop's own reason counts internal units); ``valued``:
+    hit tokens were weighed by the prefill they save (:func:`hit_values`)."""
     if decision.outcome == "static":
         why = "policy Static: every deployment back to its request"
     elif settings.policy == "Proportional":
         why = "policy Proportional: shares by weight x access rate"
     else:
         why = f"predicted storage-tier hits {_rate(decision.value_before)} -> {_rate(decision.value_after)} tokens/s"
+        if valued:
+            why += " (each weighed by the prefill it saves, relative to the pool's mean)"
         if math.isfinite(decision.predicted_gain):
             best = decision.value_before * (1 + decision.predicted_gain)
             if not math.isclose(best, decision.value_after, rel_tol=1e-3):  # maxStep held this step back
