@@ -14,6 +14,7 @@ from kvtier.rebalance.recommend import (
     SHOWN,
     Sizing,
     advance,
+    divisible,
     grid_blocks,
     material,
     recommend,
@@ -110,6 +111,18 @@ def test_saturation_is_reported_against_the_read_bandwidth_only_when_known():
 def test_points_below_the_deployments_minimums_are_left_out():
     profiles = [curve("a/x", [(64, 0.5)], min_blocks=40 * GIB // LIVE_BLOCK_BYTES)]
     assert [p.factor for p in recommend(pool(profiles), 0.02, NOW).points] == [1.0, 2.0]
+
+
+def test_a_capacity_just_at_the_minimums_is_left_out_when_whole_units_do_not_fit():
+    # Found on the demo's pool: three deployments of 8 GiB minimum each; at 24 GiB (0.25x of 96 GiB) a unit is
+    # 6 blocks and each minimum rounds up to 1366 units: 4098 of 4096. The planner's split refuses it.
+    minimum = 8 * GIB // LIVE_BLOCK_BYTES
+    profiles = [curve(f"a/{name}", [(64, 0.5)], min_blocks=minimum) for name in "xyz"]
+    assert not divisible(profiles, 3 * minimum) and divisible(profiles, 4 * minimum)
+    with pytest.raises(ValueError):
+        plan(profiles, [3 * minimum], evaluate=evaluate_curves, block_bytes=LIVE_BLOCK_BYTES)
+    recommendation = recommend(pool(profiles, capacity_gib=96), 0.02, NOW)
+    assert recommendation.recommended_capacity is not None and len(recommendation.points) == 3
 
 
 def recommendation(**fields):

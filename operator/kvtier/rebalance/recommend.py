@@ -26,7 +26,7 @@ from datetime import datetime
 from kvtier.api.kvpool import CapacityPoint, PoolRecommendation
 from kvtier.api.units import format_quantity
 from kvtier.rebalance.planlive import LIVE_BLOCK_BYTES, LivePool
-from kvtier.rebalance.planner import CapacityOutcome, evaluate_curves, plan
+from kvtier.rebalance.planner import PLAN_UNITS, CapacityOutcome, Profiles, evaluate_curves, plan
 
 #: Capacities tried, as multiples of the current one: 0.25x to 8x in steps of sqrt 2.
 GRID = tuple(2 ** (step / 2) for step in range(-4, 7))
@@ -47,6 +47,15 @@ def grid_blocks(current_blocks: int, factor: float) -> int:
     return max(1, round(blocks))
 
 
+def divisible(profiles: Profiles, capacity_blocks: int) -> bool:
+    """Whether :func:`kvtier.rebalance.planner.split` can divide ``capacity_blocks``: every tenant's minimum,
+    rounded up to whole allocation units as the split rounds it, fits (a capacity just at the minimums' sum
+    may not)."""
+    unit_blocks = max(1, -(-capacity_blocks // PLAN_UNITS))
+    needed = sum(-(-profile.min_blocks // unit_blocks) for profile in profiles)
+    return needed <= capacity_blocks // unit_blocks
+
+
 def recommend(pool: LivePool, min_gain_per_doubling: float, now: datetime) -> PoolRecommendation:
     """The recommendation for ``pool`` (its undersized state left at the defaults: see :func:`advance`)."""
     if not pool.profiles:
@@ -57,9 +66,8 @@ def recommend(pool: LivePool, min_gain_per_doubling: float, now: datetime) -> Po
             reason="no deployment on the pool publishes a demand curve (status.kv.demand) yet",
         )
     current = pool.capacity_blocks
-    floor = sum(profile.min_blocks for profile in pool.profiles)
     factors = {factor: grid_blocks(current, factor) for factor in (*GRID, *SHOWN)}
-    factors = {factor: blocks for factor, blocks in factors.items() if blocks >= floor}
+    factors = {factor: blocks for factor, blocks in factors.items() if divisible(pool.profiles, blocks)}
     outcomes = {
         o.capacity_blocks: o
         for o in plan(
