@@ -23,9 +23,9 @@ from pydantic import ValidationError
 from kvtier.api.kvpool import KVPool, KVPoolStatus, PoolRecommendation, RecommendationSpec
 from kvtier.api.units import format_quantity
 from kvtier.controllers.events import post_event
-from kvtier.controllers.kvpools import POOL, PoolGone, update_pool_status
+from kvtier.controllers.kvpools import DEPLOYMENTS, POOL, PoolGone, update_pool_status
 from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, parse
-from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, APIError, KubeClient
+from kvtier.kube import KVPOOLS, APIError, KubeClient
 from kvtier.rebalance.costmodel import preset
 from kvtier.rebalance.planlive import DEFAULT_COST_MODEL, live_pools
 from kvtier.rebalance.recommend import Sizing, advance, material, recommend, undersized
@@ -39,22 +39,17 @@ INTERVAL_SLICE = 10.0
 async def refresh_recommendation(
     kube: KubeClient, name: str, deployments: Iterable[Mapping[str, Any]]
 ) -> PoolRecommendation | None:
-    """One refresh of KVPool `name`, whose `deployments` (from the watch-fed index) name it: the
-    recommendation now in its status (None: the pool is gone)."""
+    """One refresh of KVPool `name`, whose `deployments` (their spec and `status.kv`, from the watch-fed
+    `curve_deployments` index) name it: the recommendation now in its status (None: the pool is gone)."""
     body = await kube.get_or_none(KVPOOLS, None, name)
     if body is None:
         return None
     pool = parse(KVPool, body)
     settings = pool.spec.recommendation
-    bodies = []
-    for entry in deployments:  # the index holds no status: the curves are read from each deployment
-        metadata = entry["metadata"]
-        current = await kube.get_or_none(INFERENCEDEPLOYMENTS, metadata.get("namespace"), metadata["name"])
-        if current is not None:
-            bodies.append(current)
-    [live] = live_pools([body], bodies, preset(DEFAULT_COST_MODEL))
+    [live] = live_pools([body], deployments, preset(DEFAULT_COST_MODEL))
     # CPU-bound (under a second for a few deployments): off the event loop.
-    fresh = await asyncio.to_thread(recommend, live, settings.min_gain_per_doubling, datetime.now(UTC))
+    now = datetime.now(UTC).replace(microsecond=0)  # as the status keeps it
+    fresh = await asyncio.to_thread(recommend, live, settings.min_gain_per_doubling, now)
     flipped: list[PoolRecommendation] = []
 
     def change(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
@@ -113,9 +108,31 @@ def _interval(spec: Mapping[str, Any]) -> float:
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    @kopf.index(*DEPLOYMENTS, id="curve_deployments", registry=registry)
+    def curve_deployments(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]] | None:
+        """Pool name -> the InferenceDeployments that name it, with the demand curve their `status.kv`
+        publishes (the refresh reads no deployment from the API)."""
+        pool = (((body.get("spec") or {}).get("kvCache") or {}).get("storage") or {}).get("poolRef")
+        if not pool:
+            return None
+        return {
+            pool: {
+                "apiVersion": body["apiVersion"],
+                "kind": body["kind"],
+                "metadata": {"name": body.metadata.name, "namespace": body.metadata.namespace},
+                "spec": dict(body.spec),
+                "status": {"kv": dict(body.status["kv"])} if body.status.get("kv") else {},
+            }
+        }
+
     @kopf.daemon(*POOL, id="recommendation", registry=registry, cancellation_timeout=10)
     async def recommendation(
-        name: str, spec: kopf.Spec, memo: kopf.Memo, stopped: kopf.DaemonStopped, pool_deployments: kopf.Index, **_: Any
+        name: str,
+        spec: kopf.Spec,
+        memo: kopf.Memo,
+        stopped: kopf.DaemonStopped,
+        curve_deployments: kopf.Index,
+        **_: Any,
     ) -> None:
         """A refresh every `spec.recommendation.interval` (read anew each time) until the pool goes."""
         while not stopped:
@@ -125,7 +142,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             if stopped:
                 break
             try:
-                await refresh_recommendation(memo.kube, name, list(pool_deployments.get(name, ())))
+                await refresh_recommendation(memo.kube, name, list(curve_deployments.get(name, ())))
             except (APIError, aiohttp.ClientError, TimeoutError, InvalidSpec, ValueError) as error:
                 log.warning("KVPool %s: capacity recommendation skipped: %s", name, error)
             except Exception:
