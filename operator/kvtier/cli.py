@@ -765,6 +765,7 @@ def plan(
     from kvtier.api.units import parse_quantity
     from kvtier.rebalance import planner, planreport
     from kvtier.rebalance import prices as pricing
+    from kvtier.rebalance.recommend import divisible
 
     def quantity(text: str, hint: str) -> int:
         try:
@@ -813,8 +814,10 @@ def plan(
             tried = [quantity(item, "--capacities") // block for item in capacities.split(",") if item.strip()]
             if not tried or min(tried) < 1:
                 raise click.BadParameter("needs capacities of at least one block each", param_hint="--capacities")
-        elif current:
-            tried = planner.default_capacities(current)
+        elif current:  # the default grid leaves out capacities the deployments' minimums do not fit in
+            tried = [blocks for blocks in planner.default_capacities(current) if divisible(profiles, blocks)]
+            if not tried:
+                raise click.ClickException(f"{title}: no default capacity fits the deployments' minimums")
         else:
             raise click.BadParameter(
                 "the current capacity is less than one block; give --capacities", param_hint="--capacity"

@@ -124,6 +124,12 @@ _KINDS: list[dict[str, Any]] = [
             _column("Available", ".status.available"),
             _column("Deployments", ".status.deployments", "integer"),
             _column("Policy", ".spec.rebalance.policy", priority=1),
+            _column(
+                "Recommended",
+                ".status.recommendation.recommendedCapacity",
+                priority=1,
+                description="Capacity the deployments' measured demand calls for (status.recommendation)",
+            ),
             _column("Ready", f"{_READY}.status"),
             _column("Reason", f"{_READY}.reason", priority=1),
             _AGE,

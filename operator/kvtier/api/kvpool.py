@@ -203,6 +203,40 @@ class RebalanceSpec(KubeModel):
         return self
 
 
+class RecommendationSpec(KubeModel):
+    """How the operator sizes the pool for its deployments' measured demand (`status.recommendation`)."""
+
+    interval: Duration = Field(default="5m", validate_default=True)
+    """How often the recommendation is recomputed from the deployments' published demand curves, a duration
+    (default 5m, at least 1s); it is written only when it changed materially."""
+    min_gain_per_doubling: float = Field(default=0.02, gt=0, le=1)
+    """The recommended capacity is the smallest capacity from which doubling the pool (and every further
+    doubling) would raise the pool's predicted hit ratio by less than this (default 0.02 = 2 percentage points;
+    above 0, at most 1)."""
+    undersized_margin: float = Field(default=0.25, ge=0, le=10)
+    """The pool is undersized while the recommended capacity exceeds the capacity by more than this fraction
+    (default 0.25: a recommendation above 1.25x the capacity; 0 to 10)."""
+    undersized_refreshes: int = Field(default=3, ge=1, le=100)
+    """Consecutive refreshes that must agree before the pool is declared undersized (a Warning Event,
+    `PoolUndersized`) or recovered (a Normal Event, `PoolSized`) (default 3; 1 to 100)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            Rule(
+                "!has(self.interval) || duration(self.interval) >= duration('1s')",
+                "interval must be at least 1s",
+                field_path=".interval",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RecommendationSpec:
+        if self.interval < 1:
+            raise FieldProblem("interval", "interval must be at least 1s")
+        return self
+
+
 VolumeReclaim = Literal["Wipe", "Retain"]
 
 
@@ -219,6 +253,8 @@ class KVPoolSpec(KubeModel):
     """Bytes per second one replica can write to the pool, a quantity (advisory, like readBandwidth)."""
     storage: PoolStorage
     rebalance: RebalanceSpec = Field(default_factory=RebalanceSpec, json_schema_extra={"default": {}})
+    recommendation: RecommendationSpec = Field(default_factory=RecommendationSpec, json_schema_extra={"default": {}})
+    """How often and by what threshold the operator recommends a capacity (`status.recommendation`)."""
     volume_reclaim: VolumeReclaim = "Wipe"
     """What becomes of a static volume (an NVMe-oF namespace's PersistentVolume, a hostPath directory) once
     no deployment uses it any more (the deployment was deleted or scaled down), before the namespace
@@ -321,6 +357,54 @@ class WaitingDeployment(KubeModel):
     """Newer deployments admitted ahead of it because it did not fit the free capacity (bounded)."""
 
 
+class CapacityPoint(KubeModel):
+    """What the pool would earn at one capacity, divided between its deployments as the rebalancer divides it."""
+
+    factor: float
+    """The capacity as a multiple of the current one (0.5, 1 or 2)."""
+    capacity: Quantity
+    """The capacity planned."""
+    hit_ratio: float
+    """Predicted share of the deployments' looked-up blocks the pool would serve (0 to 1)."""
+    gpu_seconds_saved_per_hour: float
+    """Predicted GPU prefill seconds the hits would save per hour, at the published prompt rates."""
+    read_bytes_per_second: Quantity
+    """Bytes per second the hits would read from the pool (mean)."""
+    saturated: bool | None = None
+    """Whether those reads exceed the pool's read bandwidth (`spec.readBandwidth` x replicas); unset when
+    `spec.readBandwidth` is not."""
+
+
+class PoolRecommendation(KubeModel):
+    """The capacity plan in short, computed as `kvtier plan --live` computes it (docs/capacity-planning.md)."""
+
+    observed_at: Timestamp
+    """When this recommendation was computed (it is rewritten only on a material change)."""
+    capacity: Quantity
+    """spec.capacity the recommendation was computed for."""
+    recommended_capacity: Quantity | None = None
+    """The smallest capacity from which doubling raises the predicted hit ratio by less than
+    `spec.recommendation.minGainPerDoubling`; unset while no deployment publishes a demand curve."""
+    reason: str = ""
+    """Why that capacity, in words."""
+    saturated: bool | None = None
+    """Whether reads at the recommended capacity would exceed the pool's read bandwidth; unset when
+    `spec.readBandwidth` is not."""
+    points: list[CapacityPoint] = Field(default_factory=list, max_length=8)
+    """Hit ratio, savings and reads at 0.5x, 1x and 2x the current capacity (a point below the deployments'
+    minimums is left out)."""
+    deployments: int = 0
+    """Deployments whose demand curves were planned."""
+    without_curve: int = 0
+    """Deployments on the pool left out: they publish no demand curve yet."""
+    undersized: bool = False
+    """The pool has been undersized (recommendation above capacity x (1 + undersizedMargin)) for
+    `undersizedRefreshes` refreshes in a row, and has not recovered for as many."""
+    streak: int = Field(default=0, ge=0)
+    """Refreshes in a row whose finding disagreed with `undersized` (it flips when this reaches
+    `undersizedRefreshes`)."""
+
+
 class KVPoolStatus(KubeModel):
     """What the operator observed; written by kvtier through the status subresource, never by users."""
 
@@ -338,6 +422,9 @@ class KVPoolStatus(KubeModel):
     conditions: list[Condition] = Field(default_factory=list)
     """Ready, OverCommitted and Degraded, each with a reason and a message."""
     last_rebalance: RebalanceRecord | None = None
+    recommendation: PoolRecommendation | None = None
+    """The capacity the deployments' measured demand calls for, and what 0.5x, 1x and 2x would earn
+    (refreshed every `spec.recommendation.interval`, written on material change)."""
     allocations: list[Allocation] = Field(default_factory=list, max_length=STATUS_LIST_LIMIT)
     """The ledger: every deployment's share. The sum of `quota` x `replicas` never exceeds `capacity`."""
     waiting: list[WaitingDeployment] = Field(default_factory=list, max_length=STATUS_LIST_LIMIT)

@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from kvtier.controllers import inferencedeployments, kvpools, rebalancing, runtime, telemetry
+from kvtier.controllers import inferencedeployments, kvpools, rebalancing, recommendation, runtime, telemetry
 from kvtier.controllers.runtime import OperatorConfig
 from kvtier.rebalance.demand import DemandBook
 from kvtier.telemetry.metrics import OperatorMetrics
@@ -34,6 +34,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     inferencedeployments.register(registry, config)
     telemetry.register(registry, config)
     rebalancing.register(registry, config)
+    recommendation.register(registry, config)
     runtime.register_cleanup(registry)
     return registry
 

@@ -25,6 +25,8 @@ from kvtier.rebalance.planner import CurveProfile
 
 #: Bytes of the blocks a live pool is planned in.
 LIVE_BLOCK_BYTES = 2**20
+#: The cost model preset a hit token is valued with (`kvtier plan --cost-model`'s default; the operator's).
+DEFAULT_COST_MODEL = "llama-3-70b-4xh100"
 
 
 @dataclass(frozen=True)
