@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from kvtier.api.inferencedeployment import ALWAYS_OWNED_FLAGS, KV_OWNED_FLAGS
+from kvtier.api.ownedargs import ALWAYS_OWNED_FLAGS, KV_OWNED_FLAGS
 from kvtier.render.lmcache import IN_PROCESS_CONNECTOR, MP_CONNECTOR
 from kvtier.render.options import RenderOptions
 from tests.conformance import rendered
