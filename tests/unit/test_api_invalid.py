@@ -88,7 +88,14 @@ CASES = [
         "duplicate-uuid",
         with_(POOL, **{"spec.storage.nvmeof.namespaces[1].uuid": "5b0c8d4e-0f1a-4c2b-9d3e-000000000000"}),
         "spec.storage.nvmeof.namespaces[1].uuid",
-        False,
+        True,
+    ),
+    (
+        # The list-map key compares uuids as written; the CEL rule compares them ignoring case.
+        "duplicate-uuid-but-case",
+        with_(POOL, **{"spec.storage.nvmeof.namespaces[1].uuid": "5B0C8D4E-0F1A-4C2B-9D3E-000000000000"}),
+        "spec.storage.nvmeof.namespaces[1].uuid",
+        True,
     ),
     (
         "namespace-size-negative",
@@ -262,3 +269,21 @@ def test_cel_evaluation_errors_reject_instead_of_passing():
     schema = {"type": "object", "x-kubernetes-validations": [{"rule": "self.missing > 1", "message": "m"}]}
     failures = validate_rules(schema, {"present": 1})
     assert len(failures) == 1 and "rule evaluation error" in failures[0].message
+
+
+def test_namespace_uuids_are_unique_ignoring_case_for_the_api_server():
+    namespaces = SCHEMAS["KVPool"]["properties"]["spec"]["properties"]["storage"]["properties"]["nvmeof"]["properties"][
+        "namespaces"
+    ]
+    schema = {**namespaces, "items": {}}  # the rule alone, not the uuid pattern
+    distinct = [{"uuid": "5b0c8d4e-0f1a-4c2b-9d3e-00000000000a"}, {"uuid": "5b0c8d4e-0f1a-4c2b-9d3e-00000000000b"}]
+    assert validate_rules(schema, distinct) == []
+    by_case = [{"uuid": "5b0c8d4e-0f1a-4c2b-9d3e-00000000000a"}, {"uuid": "5B0C8D4E-0F1A-4C2B-9D3E-00000000000A"}]
+    [failure] = validate_rules(schema, by_case)
+    assert failure.message.startswith("duplicate namespace uuid")
+
+
+def test_lower_ascii_lowers_only_ascii_letters_as_cel_go_does():
+    from kvtier.api.cel import compile_rule
+
+    assert compile_rule("'ÄBc-9'.lowerAscii() == 'Äbc-9'").evaluate({})
