@@ -154,6 +154,22 @@ CASES = [
     ("args-tp-short", with_(INFD, spec__engine__args=["-tp=4"]), "spec.engine.args[0]", True),
     ("args-tp-one-string", with_(INFD, spec__engine__args=["--tensor-parallel-size 4"]), "spec.engine.args[0]", True),
     ("args-kv-transfer", with_(INFD, spec__engine__args=["--kv-transfer-config", "{}"]), "spec.engine.args[0]", True),
+    # vLLM's parser reads an unambiguous prefix of a flag as the flag, and a dotted key of a JSON flag.
+    (
+        "args-gmu-abbreviated",
+        with_(INFD, spec__engine__args=["--enforce-eager", "--gpu-memory-util", "0.5"]),
+        "spec.engine.args[1]",
+        True,
+    ),
+    ("args-tp-short-abbreviated", with_(INFD, spec__engine__args=["-t", "4"]), "spec.engine.args[0]", True),
+    ("args-served-abbreviated", with_(INFD, spec__engine__args=["--served_model=x"]), "spec.engine.args[0]", True),
+    ("args-kv-abbreviated", with_(INFD, spec__engine__args=["--kv-offloading-s=8"]), "spec.engine.args[0]", True),
+    (
+        "args-kv-transfer-dotted",
+        with_(INFD, spec__engine__args=["--kv-transfer-config.kv_role=kv_producer"]),
+        "spec.engine.args[0]",
+        True,
+    ),
     ("args-kv-offloading", with_(INFD, spec__engine__args=["--kv-offloading-size=100"]), "spec.engine.args[0]", True),
     (
         "env-hash-seed",
@@ -212,6 +228,11 @@ VALID = [
     ("hostpath-pool", with_(CSI_POOL, spec__storage={"hostPath": {"path": "/var/lib/kvtier"}})),
     ("pool-capacity-int", with_(POOL, spec__capacity=12500000000)),
     ("mode-none-may-set-kv-flags", _mode_none(spec__engine__args=["--kv-transfer-config", "{}"])),
+    ("mode-none-may-abbreviate-kv-flags", _mode_none(spec__engine__args=["--kv-offloading-s", "8"])),
+    (
+        "args-near-owned-flags",
+        with_(INFD, spec__engine__args=["--model-impl", "auto", "--max-num-seqs", "8", "--hf-token", "--port-x"]),
+    ),
     ("mp-may-set-lmcache-env", with_(INFD, spec__engine__env=[{"name": "LMCACHE_LOG_LEVEL", "value": "DEBUG"}])),
     ("kv-bytes-given", with_(INFD, spec__model={"name": "m", "kvBytesPerToken": 327680})),
     ("storage-without-bounds", with_(INFD, spec__kvCache__storage={"poolRef": "fx100-a", "request": "1Ti"})),
@@ -287,3 +308,15 @@ def test_lower_ascii_lowers_only_ascii_letters_as_cel_go_does():
     from kvtier.api.cel import compile_rule
 
     assert compile_rule("'ÄBc-9'.lowerAscii() == 'Äbc-9'").evaluate({})
+
+
+def test_an_abbreviated_flag_is_refused_naming_the_full_flag_and_the_field_to_set():
+    obj = with_(INFD, spec__engine__args=["--gpu-memory-util=0.5"])
+    expected = (
+        "args must not abbreviate --gpu-memory-utilization: vLLM reads an unambiguous prefix of a flag as the flag; "
+        "set engine.gpuMemoryUtilization"
+    )
+    assert [(p.field, p.message) for p in _pydantic_problems(obj)] == [("spec.engine.args[0]", expected)]
+    assert [(f.field, f.message) for f in validate_rules(SCHEMAS["InferenceDeployment"], obj)] == [
+        ("spec.engine.args", expected)
+    ]

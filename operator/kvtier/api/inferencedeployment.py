@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
@@ -17,14 +16,17 @@ from kvtier.api.common import (
 from kvtier.api.deploymentparts import MAX_REPLICAS, EngineSpec, KVCacheSpec, ModelSpec, SLOSpec
 from kvtier.api.errors import FieldProblem
 from kvtier.api.ownedargs import (
+    ALWAYS_OWNED,
     ALWAYS_OWNED_FLAGS,
     ARGS_ALWAYS_MESSAGE,
     ARGS_KV_MESSAGE,
     ENV_HASHSEED_MESSAGE,
     ENV_LMCACHE_MESSAGE,
     IN_PROCESS_OWNED_ENV_PREFIX,
+    KV_OWNED,
     KV_OWNED_FLAGS,
     OWNED_ENV,
+    owned_flag_problem,
 )
 from kvtier.api.rules import Rule, cel_literal, cel_rules
 from kvtier.api.units import Quantity
@@ -65,6 +67,25 @@ class InferenceDeploymentSpec(KubeModel):
                 field_path=".engine.args",
                 reason="FieldValueForbidden",
             ),
+            *(
+                Rule(
+                    f"!has(self.engine.args) || self.engine.args.all(a, !a.matches({cel_literal(o.abbreviations)}))",
+                    o.abbreviation_message,
+                    field_path=".engine.args",
+                    reason="FieldValueForbidden",
+                )
+                for o in ALWAYS_OWNED
+            ),
+            *(
+                Rule(
+                    f"!has(self.engine.args) || ({_NO_CONNECTOR}) || "
+                    f"self.engine.args.all(a, !a.matches({cel_literal(o.abbreviations)}))",
+                    o.abbreviation_message,
+                    field_path=".engine.args",
+                    reason="FieldValueForbidden",
+                )
+                for o in KV_OWNED
+            ),
             Rule(
                 f"!has(self.engine.env) || self.engine.env.all(e, e.name != '{OWNED_ENV}')",
                 ENV_HASHSEED_MESSAGE,
@@ -84,10 +105,8 @@ class InferenceDeploymentSpec(KubeModel):
     @model_validator(mode="after")
     def _check(self) -> InferenceDeploymentSpec:
         for index, arg in enumerate(self.engine.args):
-            if re.search(ALWAYS_OWNED_FLAGS, arg):
-                raise FieldProblem(f"engine.args.{index}", ARGS_ALWAYS_MESSAGE)
-            if self.kv_cache.mode != "None" and re.search(KV_OWNED_FLAGS, arg):
-                raise FieldProblem(f"engine.args.{index}", ARGS_KV_MESSAGE)
+            if problem := owned_flag_problem(arg, connector=self.kv_cache.mode != "None"):
+                raise FieldProblem(f"engine.args.{index}", problem)
         for index, var in enumerate(self.engine.env):
             if var.name == OWNED_ENV:
                 raise FieldProblem(f"engine.env.{index}.name", ENV_HASHSEED_MESSAGE)
