@@ -109,10 +109,17 @@ def vllm_options(request: dict[str, Any]) -> dict[str, Any]:
 
     _, serve, _ = _serve_parser()
     options: dict[str, list[str]] = {}
+    every: dict[str, str] = {}
     for action in serve._actions:
         if action.dest in request["dests"]:
             options.setdefault(action.dest, []).extend(action.option_strings)
-    return {"options": options, "connectors": sorted(KVConnectorFactory._registry), "allow_abbrev": serve.allow_abbrev}
+        every.update(dict.fromkeys(action.option_strings, action.dest))
+    return {
+        "options": options,
+        "every": every,
+        "connectors": sorted(KVConnectorFactory._registry),
+        "allow_abbrev": serve.allow_abbrev,
+    }
 
 
 # --- LMCache --------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from kvtier.api.units import GIB
-from kvtier.cli import probe as probe_command
+from kvtier.cli.services import probe as probe_command
 from kvtier.probe.options import ProbeOptions
 from kvtier.probe.tail import parse_lookup
 from kvtier.rebalance.actuator import exit_reason, set_quota

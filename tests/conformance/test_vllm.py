@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from kvtier.api.inferencedeployment import ALWAYS_OWNED_FLAGS, KV_OWNED_FLAGS
+from kvtier.api.ownedargs import ALWAYS_OWNED_FLAGS, KV_OWNED_FLAGS, owned_flag_problem
 from kvtier.render.lmcache import IN_PROCESS_CONNECTOR, MP_CONNECTOR
 from kvtier.render.options import RenderOptions
 from tests.conformance import rendered
@@ -150,16 +150,48 @@ def test_kvtier_refuses_every_spelling_vllm_registers_for_an_owned_field(options
             assert re.search(owned[dest], spelling), f"vLLM reads {spelling} into {dest}, kvtier does not refuse it"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM 0.33's parser accepts unique prefixes (--gpu-memory-util): kvtier's "
-    "engine.args check does not refuse them yet (reported in issue 17's note)",
-)
 def test_kvtier_refuses_abbreviations_vllm_accepts(engines, options):
-    spellings = ["--gpu-memory-util", "--tensor-parallel", "--served-model", "--max-model"]
+    spellings = ["--gpu-memory-util", "--tensor-parallel", "--served-model", "--max-model", "--ho", "-t"]
     base = rendered.render("base", rendered.deployment("None")).vllm_argv
     answers = engines.ask("vllm-serve", {"argv": [base + [spelling, "1"] for spelling in spellings]})
     accepted = [spelling for spelling, answer in zip(spellings, answers) if "error" not in answer]
-    assert options["allow_abbrev"] and accepted, "vLLM no longer accepts abbreviations: drop this xfail"
-    not_refused = [s for s in accepted if not re.search(ALWAYS_OWNED_FLAGS, f"{s}=1")]
+    assert options["allow_abbrev"] and accepted, "vLLM no longer accepts abbreviations: see kvtier.api.ownedargs"
+    not_refused = [s for s in accepted if owned_flag_problem(f"{s}=1", connector=True) is None]
     assert not not_refused, f"vLLM accepts {not_refused}, which kvtier lets through into owned fields"
+
+
+def _resolves_to(every: dict[str, str], spelling: str) -> str | None:
+    """The destination argparse (allow_abbrev) gives a prefix of vLLM's flags, None when ambiguous or unknown."""
+    if spelling in every:
+        return every[spelling]
+    long = spelling.startswith("--")
+    dests = {dest for option, dest in every.items() if option.startswith(spelling) and option.startswith("--") == long}
+    return dests.pop() if len(dests) == 1 else None
+
+
+def test_every_prefix_vllm_reads_as_an_owned_field_is_refused(options):
+    """From vLLM's own table of flags: each prefix of an owned flag that argparse resolves to it is refused."""
+    owned = {*ALWAYS_OWNED_DESTS, *KV_OWNED_DESTS}
+    every = options["every"]
+    prefixes = {
+        option[:end]
+        for option, dest in every.items()
+        if dest in owned
+        for end in range(2 if option[1] != "-" else 3, len(option) + 1)
+    }
+    read_as_owned = sorted(p for p in prefixes if _resolves_to(every, p) in owned)
+    assert "--gpu-memory-util" in read_as_owned and "-t" in read_as_owned
+    for spelling in read_as_owned:
+        # vLLM reads `--a_b` as `--a-b` (its parser swaps underscores in long flags before argparse sees them).
+        for written in {spelling, "--" + spelling[2:].replace("-", "_") if spelling.startswith("--") else spelling}:
+            assert owned_flag_problem(f"{written}=1", connector=True), f"vLLM reads {written} as an owned field"
+
+
+def test_no_flag_vllm_reads_into_a_field_kvtier_leaves_to_users_is_refused(options):
+    owned = {*ALWAYS_OWNED_DESTS, *KV_OWNED_DESTS}
+    refused = sorted(
+        option
+        for option, dest in options["every"].items()
+        if dest not in owned and owned_flag_problem(f"{option}=1", connector=True)
+    )
+    assert refused == []

@@ -40,11 +40,7 @@ MULTI = [
 ]
 
 #: Cases where the two disagree today, with why. strict: each flips to a failure once fixed, to be removed here.
-KNOWN: dict[str, str] = {
-    "duplicate-uuid": "the CRD's list-map key compares uuids case-sensitively, so the API server accepts two "
-    "namespaces differing only in case; kvtier validate (rightly) normalises case first. A CEL "
-    "rule on spec.storage.nvmeof.namespaces (lowerAscii uniqueness) would say it",
-}
+KNOWN: dict[str, str] = {}
 
 _PATH = re.compile(r"(?:^|[\[\s,*])((?:metadata|spec)(?:\.[A-Za-z0-9_-]+|\[[A-Za-z0-9_.-]+\])*): ")
 _UNKNOWN = re.compile(r'unknown field "([^"]+)"')

@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kvtier.cli import run as run_command
+from kvtier.cli.services import run as run_command
 from tests.chart import CHART, HELM, NAMESPACE, helm, rule_triples, template
 from tests.conftest import REPO_ROOT
 

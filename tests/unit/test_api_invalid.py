@@ -88,7 +88,14 @@ CASES = [
         "duplicate-uuid",
         with_(POOL, **{"spec.storage.nvmeof.namespaces[1].uuid": "5b0c8d4e-0f1a-4c2b-9d3e-000000000000"}),
         "spec.storage.nvmeof.namespaces[1].uuid",
-        False,
+        True,
+    ),
+    (
+        # The list-map key compares uuids as written; the CEL rule compares them ignoring case.
+        "duplicate-uuid-but-case",
+        with_(POOL, **{"spec.storage.nvmeof.namespaces[1].uuid": "5B0C8D4E-0F1A-4C2B-9D3E-000000000000"}),
+        "spec.storage.nvmeof.namespaces[1].uuid",
+        True,
     ),
     (
         "namespace-size-negative",
@@ -147,6 +154,22 @@ CASES = [
     ("args-tp-short", with_(INFD, spec__engine__args=["-tp=4"]), "spec.engine.args[0]", True),
     ("args-tp-one-string", with_(INFD, spec__engine__args=["--tensor-parallel-size 4"]), "spec.engine.args[0]", True),
     ("args-kv-transfer", with_(INFD, spec__engine__args=["--kv-transfer-config", "{}"]), "spec.engine.args[0]", True),
+    # vLLM's parser reads an unambiguous prefix of a flag as the flag, and a dotted key of a JSON flag.
+    (
+        "args-gmu-abbreviated",
+        with_(INFD, spec__engine__args=["--enforce-eager", "--gpu-memory-util", "0.5"]),
+        "spec.engine.args[1]",
+        True,
+    ),
+    ("args-tp-short-abbreviated", with_(INFD, spec__engine__args=["-t", "4"]), "spec.engine.args[0]", True),
+    ("args-served-abbreviated", with_(INFD, spec__engine__args=["--served_model=x"]), "spec.engine.args[0]", True),
+    ("args-kv-abbreviated", with_(INFD, spec__engine__args=["--kv-offloading-s=8"]), "spec.engine.args[0]", True),
+    (
+        "args-kv-transfer-dotted",
+        with_(INFD, spec__engine__args=["--kv-transfer-config.kv_role=kv_producer"]),
+        "spec.engine.args[0]",
+        True,
+    ),
     ("args-kv-offloading", with_(INFD, spec__engine__args=["--kv-offloading-size=100"]), "spec.engine.args[0]", True),
     (
         "env-hash-seed",
@@ -205,6 +228,11 @@ VALID = [
     ("hostpath-pool", with_(CSI_POOL, spec__storage={"hostPath": {"path": "/var/lib/kvtier"}})),
     ("pool-capacity-int", with_(POOL, spec__capacity=12500000000)),
     ("mode-none-may-set-kv-flags", _mode_none(spec__engine__args=["--kv-transfer-config", "{}"])),
+    ("mode-none-may-abbreviate-kv-flags", _mode_none(spec__engine__args=["--kv-offloading-s", "8"])),
+    (
+        "args-near-owned-flags",
+        with_(INFD, spec__engine__args=["--model-impl", "auto", "--max-num-seqs", "8", "--hf-token", "--port-x"]),
+    ),
     ("mp-may-set-lmcache-env", with_(INFD, spec__engine__env=[{"name": "LMCACHE_LOG_LEVEL", "value": "DEBUG"}])),
     ("kv-bytes-given", with_(INFD, spec__model={"name": "m", "kvBytesPerToken": 327680})),
     ("storage-without-bounds", with_(INFD, spec__kvCache__storage={"poolRef": "fx100-a", "request": "1Ti"})),
@@ -262,3 +290,33 @@ def test_cel_evaluation_errors_reject_instead_of_passing():
     schema = {"type": "object", "x-kubernetes-validations": [{"rule": "self.missing > 1", "message": "m"}]}
     failures = validate_rules(schema, {"present": 1})
     assert len(failures) == 1 and "rule evaluation error" in failures[0].message
+
+
+def test_namespace_uuids_are_unique_ignoring_case_for_the_api_server():
+    namespaces = SCHEMAS["KVPool"]["properties"]["spec"]["properties"]["storage"]["properties"]["nvmeof"]["properties"][
+        "namespaces"
+    ]
+    schema = {**namespaces, "items": {}}  # the rule alone, not the uuid pattern
+    distinct = [{"uuid": "5b0c8d4e-0f1a-4c2b-9d3e-00000000000a"}, {"uuid": "5b0c8d4e-0f1a-4c2b-9d3e-00000000000b"}]
+    assert validate_rules(schema, distinct) == []
+    by_case = [{"uuid": "5b0c8d4e-0f1a-4c2b-9d3e-00000000000a"}, {"uuid": "5B0C8D4E-0F1A-4C2B-9D3E-00000000000A"}]
+    [failure] = validate_rules(schema, by_case)
+    assert failure.message.startswith("duplicate namespace uuid")
+
+
+def test_lower_ascii_lowers_only_ascii_letters_as_cel_go_does():
+    from kvtier.api.cel import compile_rule
+
+    assert compile_rule("'ÄBc-9'.lowerAscii() == 'Äbc-9'").evaluate({})
+
+
+def test_an_abbreviated_flag_is_refused_naming_the_full_flag_and_the_field_to_set():
+    obj = with_(INFD, spec__engine__args=["--gpu-memory-util=0.5"])
+    expected = (
+        "args must not abbreviate --gpu-memory-utilization: vLLM reads an unambiguous prefix of a flag as the flag; "
+        "set engine.gpuMemoryUtilization"
+    )
+    assert [(p.field, p.message) for p in _pydantic_problems(obj)] == [("spec.engine.args[0]", expected)]
+    assert [(f.field, f.message) for f in validate_rules(SCHEMAS["InferenceDeployment"], obj)] == [
+        ("spec.engine.args", expected)
+    ]

@@ -1,5 +1,6 @@
 """The import graph of `operator/kvtier` (read with `ast`, lazy imports included) has no cycle, and the
-house's direction holds: the command line is the top (nothing imports `kvtier.cli` but `__main__`),
+house's direction holds: the command line is the top (nothing outside the `kvtier.cli` package imports it or
+its modules but `__main__`),
 `sim` never imports the test grounds, and production rooms import neither `sim`, `testing` nor `demo`."""
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def _room(module: str) -> str:
 
 def test_the_import_graph_is_read():
     graph = import_graph()
-    assert "kvtier.sim.pods" in graph["kvtier.cli"]  # a lazy import, inside a command
+    assert "kvtier.sim.pods" in graph["kvtier.cli.sim"]  # a lazy import, inside a command
+    assert "kvtier.cli.sim" in graph["kvtier.cli"]  # the package gathers its command groups
     assert "kvtier.testing.podsim.kubelet" in graph["kvtier.testing.podsim"]
 
 
@@ -87,9 +89,24 @@ def test_no_import_cycle():
     assert cycles(import_graph()) == []
 
 
+def _is_command_line(module: str) -> bool:
+    return module == "kvtier.cli" or module.startswith("kvtier.cli.")
+
+
 def test_nothing_imports_the_command_line():
-    importers = sorted(m for m, targets in import_graph().items() if "kvtier.cli" in targets and m != "kvtier.__main__")
+    importers = sorted(
+        (m, t)
+        for m, targets in import_graph().items()
+        if not _is_command_line(m) and m != "kvtier.__main__"
+        for t in targets
+        if _is_command_line(t)
+    )
     assert importers == []
+
+
+def test_only_the_main_module_enters_the_command_line_and_only_by_its_package():
+    graph = import_graph()
+    assert graph["kvtier.__main__"] & {m for m in graph if _is_command_line(m)} == {"kvtier.cli"}
 
 
 def test_the_simulator_never_imports_the_test_grounds_or_the_command_line():

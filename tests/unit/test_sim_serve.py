@@ -346,7 +346,7 @@ async def test_a_missing_trace_ends_the_replay_not_the_server(tmp_path):
 
 
 def test_settings_from_env_match_the_cli_options(monkeypatch, tmp_path):
-    from kvtier.cli import sim_serve
+    from kvtier.cli.sim import sim_serve
 
     trace = trace_prefix(tmp_path, 1)
     env = {

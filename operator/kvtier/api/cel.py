@@ -2,7 +2,8 @@
 
 The standard CEL library comes from cel-python; on top of it this adds what kvtier's rules use
 from the Kubernetes extension libraries: `quantity()`, `isQuantity()` and the quantity methods
-(`compareTo`, `isGreaterThan`, `isLessThan`, `asInteger`, `sign`), and `fieldPath` reporting
+(`compareTo`, `isGreaterThan`, `isLessThan`, `asInteger`, `sign`), `lowerAscii()` from the strings
+library, and `fieldPath` reporting
 the way the API server reports it. `oldSelf` is bound when an old object is given
 (transition rules are skipped on create, as the API server does).
 """
@@ -58,6 +59,13 @@ def _as_integer(quantity: KubernetesQuantity) -> celtypes.IntType:
     return celtypes.IntType(int(quantity.value))
 
 
+def _lower_ascii(text: celtypes.StringType) -> celtypes.StringType:
+    """cel-go's `lowerAscii`: only A-Z change (`'ÄB'.lowerAscii() == 'Äb'`)."""
+    return celtypes.StringType(text.translate(_ASCII_LOWER))
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
 KUBERNETES_FUNCTIONS: dict[str, Any] = {  # celpy's own annotation of functions is narrower than it accepts
     "quantity": _quantity,
     "isQuantity": _is_quantity,
@@ -66,6 +74,7 @@ KUBERNETES_FUNCTIONS: dict[str, Any] = {  # celpy's own annotation of functions 
     "isLessThan": lambda a, b: celtypes.BoolType(a.value < b.value),
     "asInteger": _as_integer,
     "sign": lambda q: celtypes.IntType((q.value > 0) - (q.value < 0)),
+    "lowerAscii": _lower_ascii,
 }
 
 _environment = celpy.Environment()

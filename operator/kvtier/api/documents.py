@@ -25,9 +25,10 @@ from pydantic import BaseModel, ValidationError
 
 from kvtier.api.common import API_VERSION, GROUP
 from kvtier.api.errors import Problem, problems
+from kvtier.api.fielderrors import metadata_errors
 from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool
-from kvtier.api.schema import RULES_NOT_CHECKED, metadata_errors, process_custom
+from kvtier.api.schema import RULES_NOT_CHECKED, process_custom
 
 _GO_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$")
 _GO_INT = re.compile(r"^[-+]?(0b[01]+|0o?[0-7]+|0x[0-9a-fA-F]+|[0-9]+)$")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtier.api.schema import FieldError, render_value  # noqa: F401 - the server's errors are the API's
+from kvtier.api.fielderrors import FieldError, render_value  # noqa: F401 - the server's errors are the API's
 
 
 class StatusError(Exception):

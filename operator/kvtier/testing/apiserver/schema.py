@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from kvtier.api.schema import FieldError, _child, name_errors, process_custom  # noqa: F401 - the server's pipeline
+from kvtier.api.fielderrors import FieldError, name_errors  # noqa: F401 - the server's errors and name checks are the API's
+from kvtier.api.schema import _child, process_custom  # noqa: F401 - the server's pipeline
 
 # -- built-in kinds ---------------------------------------------------------------------------
 
