@@ -470,9 +470,19 @@ class Cluster(ScaleSubresource, Deletion):
         meta = stored.obj["metadata"]
         if rt.storage_key == CRD_KEY and not meta.get("deletionTimestamp"):
             self._register_crd(stored.obj)
-        # The collector only has work when owners or deletion state change, not on every write.
+        # The collector only has work when deletion state changes, or owners change and one of them (before or
+        # after) is missing or being deleted.
         old_meta = (old or {}).get("metadata", {})
-        if meta.get("ownerReferences") != old_meta.get("ownerReferences") or (
+        owners = [*(meta.get("ownerReferences") or []), *(old_meta.get("ownerReferences") or [])]
+        if (meta.get("ownerReferences") != old_meta.get("ownerReferences") and not self._owners_live(owners)) or (
             meta.get("deletionTimestamp") and meta.get("finalizers") != old_meta.get("finalizers")
         ):
             self._wake_gc()
+
+    def _owners_live(self, refs: list[Any]) -> bool:
+        """Every owner these references name exists and is not being deleted."""
+        for ref in refs:
+            owner = self.store.by_uid(ref.get("uid") if isinstance(ref, dict) else None)
+            if owner is None or owner.obj["metadata"].get("deletionTimestamp"):
+                return False
+        return True

@@ -158,6 +158,7 @@ class Store:
         self.history_size = history_size
         self.collections: dict[tuple[str, str], Collection] = {}
         self.rv = 1
+        self._uids: dict[str, tuple[tuple[str, str], Key]] = {}  # where each uid is stored
 
     def collection(self, key: tuple[str, str]) -> Collection:
         coll = self.collections.get(key)
@@ -184,6 +185,8 @@ class Store:
         okey = (meta.get("namespace", ""), meta["name"])
         stored = Stored.of(obj, rv)
         old = coll.set(okey, stored)
+        if isinstance(meta.get("uid"), str):
+            self._uids[meta["uid"]] = (key, okey)
         coll.record(WatchEvent("MODIFIED" if old else "ADDED", rv, stored, old))
         return stored
 
@@ -193,9 +196,17 @@ class Store:
         old = coll.pop(okey)
         if old is None:
             return None
+        self._uids.pop(old.obj["metadata"].get("uid"), None)
         rv = self.next_rv()
         obj = dict(old.obj)
         obj["metadata"] = {**obj["metadata"], "resourceVersion": str(rv)}
         stored = Stored.of(obj, rv)
         coll.record(WatchEvent("DELETED", rv, stored, old))
         return stored
+
+    def by_uid(self, uid: Any) -> Stored | None:
+        """The stored object with this uid, if any."""
+        where = self._uids.get(uid) if isinstance(uid, str) else None
+        coll = self.collections.get(where[0]) if where else None
+        stored = coll.objects.get(where[1]) if coll is not None and where else None
+        return stored if stored is not None and stored.obj["metadata"].get("uid") == uid else None

@@ -9,7 +9,8 @@ and the provisioner a CSI driver would bring.
 
 It is an ordinary API client (it works against any API server) and runs level-based: every
 change it watches, and a tick every `resync` seconds (for readiness probes), triggers one pass
-that looks at everything and fixes what differs. Simplifications, deliberately:
+that looks at everything and fixes what differs. It reads through informers (:mod:`.informer`:
+one list, then watches; its own writes refresh the cache), so a pass makes no LIST. Simplifications, deliberately:
 
 - StatefulSets: ordinal pods `<sts>-<i>` and PVCs `<template>-<sts>-<i>`; `Parallel` and
   `OrderedReady` creation; scale-down from the highest ordinal; rolling updates delete the
@@ -57,11 +58,13 @@ from kvtier.kube import (
     PERSISTENT_VOLUMES,
     PODS,
     STATEFULSETS,
+    STORAGECLASSES,
     APIError,
     KubeClient,
     Resource,
 )
 from kvtier.testing.engines import EngineFactory, stub_engine
+from kvtier.testing.podsim.informer import CachedClient
 from kvtier.testing.podsim.kubelet import AddressPool, Kubelet, RunningPod
 from kvtier.testing.podsim.nodes import NodeSpec
 from kvtier.testing.podsim.objects import GPU, is_ready, isolated, owned_by, pod_requests
@@ -105,7 +108,7 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
         unknown = set(components) - EMBEDDED
         if unknown:
             raise ValueError(f"unknown pod simulator components {sorted(unknown)}; known: {sorted(EMBEDDED)}")
-        self.kube = kube
+        self.kube = CachedClient(kube)  # type: ignore[assignment]  # a KubeClient whose lists come from informers
         self.nodes = nodes
         self.components = frozenset(components)
         self.engine_factory = engine_factory
@@ -124,13 +127,16 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
         if "workloads" in self.components:
             watched += [STATEFULSETS, DEPLOYMENTS, JOBS]
         if self.components & {"volume-binder", "provisioner"}:
-            watched += [PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES]
+            watched += [PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, STORAGECLASSES]
         return watched
 
     async def run(self) -> None:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1))
+        assert isinstance(self.kube, CachedClient)
         watchers = [
-            asyncio.create_task(self._watch(resource), name=f"podsim-watch-{resource.plural}")
+            asyncio.create_task(
+                self.kube.inform(resource, self._wake.set).run(), name=f"podsim-watch-{resource.plural}"
+            )
             for resource in self._watched()
         ]
         if "kubelet" in self.components:
@@ -154,15 +160,6 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
             for running in list(self._running.values()):
                 await self._stop_pod(running.uid)
             await self._http.close()
-
-    async def _watch(self, resource: Resource) -> None:
-        while True:
-            try:
-                async for _ in self.kube.watch(resource, timeout_seconds=60):
-                    self._wake.set()
-            except (TimeoutError, APIError, aiohttp.ClientError) as error:
-                log.debug("pod simulator watch of %s ended: %s", resource.plural, error)
-                await asyncio.sleep(0.5)
 
     # -- one pass --------------------------------------------------------------------------------
 
