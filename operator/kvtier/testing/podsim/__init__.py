@@ -31,10 +31,11 @@ one list, then watches; its own writes refresh the cache), so a pass makes no LI
   API server's admission already refused growth the StorageClass does not allow).
 - Scheduling: first node (by name) whose allocatable CPU, memory, `nvidia.com/gpu` and pods
   still fit the pod's requests and whose labels match its `nodeSelector`; taints are not modelled.
-  Binding writes `spec.nodeName` directly.
+  Binding writes `spec.nodeName` directly. Pods naming another `schedulerName` are left alone.
 - Kubelets: each pod gets its own address in 127.0.0.0/8; every container's declared ports are
   served by the engine factory; a container is ready when its `readinessProbe.httpGet` answers
-  200 (or at once without a probe); the pod is Ready when all containers are and every
+  200 (or at once without a probe) and unready after `failureThreshold` (default 3) failed probes
+  in a row, one probe per pass; the pod is Ready when all containers are and every
   `readinessGates` condition is True. A deleted pod's engines stop at once. Pods whose
   `restartPolicy` is `Never` or `OnFailure` run to completion instead of serving: once scheduled
   they end `Succeeded`, or `Failed` when `exit_code(pod)` (a test's hook; 0 by default) is not 0.

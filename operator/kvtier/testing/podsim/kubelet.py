@@ -8,7 +8,7 @@ import json
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -50,6 +50,7 @@ class RunningPod:
     uid: str
     address: str
     engines: list[RunningEngine]
+    probe_failures: dict[str, int] = field(default_factory=dict)  # consecutive failed readiness probes
 
 
 class Kubelet:
@@ -188,11 +189,16 @@ class Kubelet:
         statuses = []
         containers = pod["spec"].get("containers", [])
         probes = await asyncio.gather(*(self._probe(running.address, container) for container in containers))
-        for container, ready in zip(containers, probes):
+        for container, probed in zip(containers, probes):
             previous = next(
                 (s for s in (pod.get("status") or {}).get("containerStatuses", []) if s["name"] == container["name"]),
                 None,
             )
+            # As a kubelet: a ready container turns unready after `failureThreshold` (default 3) failures in a row.
+            failures = 0 if probed else running.probe_failures.get(container["name"], 0) + 1
+            running.probe_failures[container["name"]] = failures
+            threshold = (container.get("readinessProbe") or {}).get("failureThreshold", 3)
+            ready = probed or (bool((previous or {}).get("ready")) and failures < threshold)
             started_at = (previous or {}).get("state", {}).get("running", {}).get("startedAt") or now()
             statuses.append(
                 {
