@@ -322,7 +322,8 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
     paused = False
     try:
         await cluster.start()
-        assert cluster.kube is not None
+        assert cluster.kube is not None and cluster.simulator is not None
+        cluster.simulator.resync = args.sim_resync  # how often the kubelets probe readiness
         result.phases["ground up"] = time.monotonic() - started
         connection_kube = cluster.kube
         kube = await KubeClient(connection_kube.connection, user_agent=BENCH_AGENT).open()
@@ -593,6 +594,9 @@ def main() -> None:
     parser.add_argument("--scrape-interval", type=float, default=15.0)
     parser.add_argument("--resync", type=float, default=10.0)
     parser.add_argument("--status-interval", type=float, default=30.0)
+    parser.add_argument(
+        "--sim-resync", type=float, default=2.0, help="Seconds between the pod simulator's passes (readiness probes)."
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scale")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else [args.deployments]
