@@ -608,6 +608,8 @@ def main() -> None:
         log(f"== {size} deployments x {args.replicas} replicas on the {args.ground} ground")
         result = asyncio.run(run_size(args, size, args.out))
         results.append(result)
+        print_table([result])  # each size as it ends (a long series may be cut short)
+        (args.out / f"scale-{args.ground}-{size}.json").write_text(json.dumps(asdict(result), indent=2))
     phase = time.monotonic()
     round_ms = rebalance_round_ms()
     for result in results:
