@@ -378,6 +378,9 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
                 if ready == deployments:
                     result.converged = True
                     break
+                simulator = cluster._simulator_task
+                if simulator is not None and simulator.done():
+                    raise RuntimeError(f"the pod simulator stopped: {simulator.exception()!r}")
                 log(f"  {ready}/{deployments} Ready with status.kv, {time.monotonic() - phase:.0f} s")
                 await asyncio.sleep(args.poll)
             result.ready_at_end = ready
