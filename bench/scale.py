@@ -485,7 +485,10 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
                 operator.wait(10)
         phase = time.monotonic()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(cluster.stop(), 300)
+            await asyncio.wait_for(cluster.stop(), 120)
+        plane = getattr(cluster, "control_plane", None)
+        if plane is not None:  # stopped already unless the teardown ran out of time
+            await asyncio.to_thread(plane.stop)
         result.phases["teardown"] = time.monotonic() - phase
     return result
 

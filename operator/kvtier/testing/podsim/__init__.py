@@ -158,8 +158,7 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
             for task in watchers:
                 task.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
-            for running in list(self._running.values()):
-                await self._stop_pod(running.uid)
+            await asyncio.gather(*(self._stop_pod(uid) for uid in list(self._running)))
             await self._http.close()
 
     # -- one pass --------------------------------------------------------------------------------

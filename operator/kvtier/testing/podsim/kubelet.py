@@ -169,7 +169,8 @@ class Kubelet:
         self.addresses.release(uid)
 
     async def _probe(self, address: str, container: dict[str, Any]) -> bool:
-        http_get = (container.get("readinessProbe") or {}).get("httpGet")
+        probe = container.get("readinessProbe") or {}
+        http_get = probe.get("httpGet")
         if http_get is None:
             return True
         port = http_get.get("port")
@@ -179,7 +180,8 @@ class Kubelet:
             return False
         assert self._http is not None
         try:
-            async with self._http.get(f"http://{address}:{port}{http_get.get('path', '/')}") as reply:
+            timeout = aiohttp.ClientTimeout(total=float(probe.get("timeoutSeconds", 1)))  # the kubelet's default: 1 s
+            async with self._http.get(f"http://{address}:{port}{http_get.get('path', '/')}", timeout=timeout) as reply:
                 return 200 <= reply.status < 400
         except (TimeoutError, aiohttp.ClientError):
             return False
