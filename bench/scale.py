@@ -323,7 +323,8 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
     try:
         await cluster.start()
         assert cluster.kube is not None and cluster.simulator is not None
-        cluster.simulator.resync = args.sim_resync  # how often the kubelets probe readiness
+        cluster.simulator.resync = args.sim_resync
+        cluster.simulator.probe_periods = True  # readiness probed once per periodSeconds, as kubelets do
         result.phases["ground up"] = time.monotonic() - started
         connection_kube = cluster.kube
         kube = await KubeClient(connection_kube.connection, user_agent=BENCH_AGENT).open()

@@ -35,8 +35,8 @@ one list, then watches; its own writes refresh the cache), so a pass makes no LI
 - Kubelets: each pod gets its own address in 127.0.0.0/8; every container's declared ports are
   served by the engine factory; a container is ready when its `readinessProbe.httpGet` answers
   200 (or at once without a probe) and unready after `failureThreshold` (default 3) failed probes
-  in a row, one probe per pass; the pod is Ready when all containers are and every
-  `readinessGates` condition is True. A deleted pod's engines stop at once. Pods whose
+  in a row, one probe per pass (or per `periodSeconds` with `probe_periods`); the pod is Ready
+  when all containers are and every `readinessGates` condition is True. A deleted pod's engines stop at once. Pods whose
   `restartPolicy` is `Never` or `OnFailure` run to completion instead of serving: once scheduled
   they end `Succeeded`, or `Failed` when `exit_code(pod)` (a test's hook; 0 by default) is not 0.
 """
@@ -103,6 +103,7 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
         engine_factory: EngineFactory = stub_engine,
         addresses: AddressPool | None = None,
         resync: float = 0.5,
+        probe_periods: bool = False,
         exit_code: Callable[[dict[str, Any]], int] = lambda pod: 0,
         components: frozenset[str] = EMBEDDED,
     ):
@@ -115,6 +116,9 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
         self.engine_factory = engine_factory
         self.addresses = addresses or AddressPool()
         self.resync = resync
+        #: Probe readiness once per `periodSeconds` (as kubelets do) rather than on every pass (quicker to notice,
+        #: the tests' default); for many pods, where probing every pass is the simulator's own bottleneck.
+        self.probe_periods = probe_periods
         #: The exit code of a run-to-completion pod (restartPolicy Never or OnFailure); tests replace it.
         self.exit_code = exit_code
         self._running: dict[str, RunningPod] = {}  # by pod uid
