@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
+import threading
 import time
 
 from kvtier.controllers import OperatorConfig
 from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, STORAGECLASSES
-from kvtier.testing.cluster import BackgroundCluster
+from kvtier.testing.cluster import BackgroundCluster, default_nodes
 from kvtier.testing.engines import stub_engine
 
 OPERATOR_AGENTS = ("kvtier-operator", "kopf")
@@ -65,6 +67,16 @@ def summary(records: list, seconds: float, deployments: int) -> dict[str, float]
     }
 
 
+def operator_cpu_seconds() -> float:
+    """CPU seconds of the in-process operator's thread so far (Linux: /proc/self/task/<tid>/stat)."""
+    thread = next((t for t in threading.enumerate() if t.name == "kvtier-operator"), None)
+    if thread is None or thread.native_id is None:
+        return float("nan")
+    with open(f"/proc/self/task/{thread.native_id}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def quotas(cluster: BackgroundCluster) -> dict[str, str]:
     found = cluster.run(cluster.kube.list(INFERENCEDEPLOYMENTS, NAMESPACE))["items"]
     return {d["metadata"]["name"]: (d.get("status") or {}).get("kv", {}).get("storage", {}).get("quota") for d in found}
@@ -90,12 +102,14 @@ def main() -> None:
     parser.add_argument("--deployments", type=int, default=20)
     parser.add_argument("--steady", type=float, default=60.0, help="seconds of steady state counted")
     parser.add_argument("--restart", type=float, default=30.0, help="seconds counted after a restart")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for every deployment Ready")
     parser.add_argument("--interval", type=float, default=2.0, help="resync, scrape and status interval (dev up: 2)")
     args = parser.parse_args()
     config = OperatorConfig(
         resync_seconds=args.interval, scrape_interval_seconds=args.interval, status_interval_seconds=args.interval
     )
-    with BackgroundCluster(operator=config, engine_factory=stub_engine) as cluster:
+    nodes = default_nodes(args.deployments // 8 + 1)  # 8 GPUs a node, one a replica
+    with BackgroundCluster(operator=config, engine_factory=stub_engine, nodes=nodes) as cluster:
         kube = cluster.kube
         cluster.run(kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
         cluster.run(
@@ -124,18 +138,21 @@ def main() -> None:
         for index in range(args.deployments):
             cluster.run(kube.create(INFERENCEDEPLOYMENTS, deployment(f"d{index:04d}", "bench")))
         while ready(cluster) < args.deployments:
-            if time.monotonic() - started > 600:
-                raise SystemExit(f"only {ready(cluster)}/{args.deployments} Ready after 600s")
+            if time.monotonic() - started > args.timeout:
+                raise SystemExit(f"only {ready(cluster)}/{args.deployments} Ready after {args.timeout:.0f}s")
             time.sleep(1)
         print(f"{args.deployments} deployments Ready with status.kv in {time.monotonic() - started:.1f}s")
         time.sleep(3 * args.interval)  # let the last status writes land
         assert cluster.server is not None
         since = len(cluster.server.requests)
+        cpu = operator_cpu_seconds()
         time.sleep(args.steady)
+        cpu = operator_cpu_seconds() - cpu
         records = operator_records(cluster, since)
         print(f"steady state, {args.steady:.0f}s, {args.deployments} deployments (interval {args.interval}s):")
         print(table(records, args.steady))
         print(" ", summary(records, args.steady, args.deployments))
+        print(f"  operator thread CPU: {cpu / args.steady:.1%} of one core")
         before = quotas(cluster), ledger(cluster, "bench")
         since = len(cluster.server.requests)
         cluster.run(cluster.cluster.stop_operator(crash=True))

@@ -8,6 +8,11 @@ the replicas already have, keeping an existing StatefulSet's fixed parts: `contr
 -> apply and prune -> expand the claims when `max` grew -> apply each running replica's storage
 quota (opens its readiness gate) -> status. Static volumes are never deleted here: a deployment
 gives them back to its pool, which wipes or retains them (`controllers.reclaim`).
+
+In steady state a pass makes one API request, the pool's GET: children, claims and pods come from
+watches (`controllers.children`, telemetry's pod index), a child is applied only when it changed or
+drifted, the ledger is written only when the admission changes it, and status is patched only when it
+differs from what the object holds.
 """
 
 from __future__ import annotations
@@ -110,20 +115,21 @@ class Pass:
 
 
 async def claim_storage(
-    kube: KubeClient, deployment: InferenceDeployment, body: kopf.Body, step: Pass
+    world: World, deployment: InferenceDeployment, body: kopf.Body, step: Pass
 ) -> tuple[KVPool, Admission]:
     """Admit the deployment into its pool's ledger (compare-and-swap on the pool's status)."""
     storage = deployment.spec.kv_cache.storage
     assert storage is not None
+    claim = Claim.of(deployment, created_at(body.metadata))
     decision: Admission | None = None
 
     def change(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
         nonlocal decision
-        decision = admit(pool, status, Claim.of(deployment, created_at(body.metadata)))
+        decision = admit(pool, status, claim)
         return decision.status
 
     try:
-        pool, _ = await update_pool_status(kube, storage.pool_ref, change)
+        pool, _ = await update_pool_status(world.kube, storage.pool_ref, change)
     except PoolGone:
         if step.first_look:  # `kubectl apply -f dir/` may create the pool a moment after its deployment
             raise kopf.TemporaryError(f"KVPool {storage.pool_ref} not found yet", delay=1) from None
@@ -272,7 +278,7 @@ async def _reconcile(world: World, body: kopf.Body, nodes: list[NodeResources], 
     quota = 0
     held_back: tuple[str, str] | None = None  # the ledger admitted fewer replicas than the spec asks: why
     if storage is not None:
-        pool, decision = await claim_storage(kube, deployment, body, step)
+        pool, decision = await claim_storage(world, deployment, body, step)
         if decision.allocation is None:
             step.condition("StorageBound", "False", decision.reason, decision.message)
             # NeverFits is the spec's problem (degraded); waiting for capacity is not.
