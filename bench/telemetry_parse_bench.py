@@ -20,7 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier.probe.demand import DemandProbe
 from kvtier.sim.engine import EngineParams
-from kvtier.sim.server import TTFT_BUCKETS, SimServer
+from kvtier.sim.exposition import TTFT_BUCKETS
+from kvtier.sim.server import SimServer
 from kvtier.telemetry.engines import replica_snapshot
 from kvtier.telemetry.exposition import parse_exposition
 

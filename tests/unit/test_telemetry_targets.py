@@ -76,6 +76,28 @@ def test_events_add_update_and_remove_targets_by_deployment():
     assert [t.ip for t in index.targets()] == ["127.1.0.9"]
 
 
+def test_every_replica_ready_or_not_is_kept_by_deployment_once_listed():
+    index = TargetIndex()
+    index.apply("ADDED", replica("chat-0"))
+    assert index.pods_of("ns", "chat") is None, "nothing to say before the first list"
+    index.synced.set()
+    index.apply("ADDED", replica("chat-1", ready=False))
+    index.apply(
+        "ADDED",
+        {
+            **replica("code-0", deployment="code"),
+            "metadata": {**replica("code-0", deployment="code")["metadata"], "managedFields": [{"manager": "x"}]},
+        },
+    )
+    assert sorted(p["metadata"]["name"] for p in index.pods_of("ns", "chat")) == ["chat-0", "chat-1"]
+    assert "managedFields" not in index.pods_of("ns", "code")[0]["metadata"]
+    index.apply("DELETED", replica("chat-0"))
+    index.replace("ns", [replica("code-1", deployment="code")])
+    assert index.pods_of("ns", "chat") == [] and [p["metadata"]["name"] for p in index.pods_of("ns", "code")] == [
+        "code-1"
+    ]
+
+
 def test_a_list_replaces_only_its_namespace():
     index = TargetIndex()
     index.apply("ADDED", replica("a-0", namespace="a"))

@@ -66,11 +66,11 @@ the embedded API server's request log of the whole e2e suite, both ways.
 - apiGroups: ["kvtier.io"]
   resources: ["kvpools/status"]
   verbs: ["update", "patch"]
-# Static NVMe-oF volumes: server-side applied, listed to prune, read and re-pointed at a wipe claim
-# (spec.volumeReclaim: Wipe), deleted once reclaimed.
+# Static NVMe-oF volumes: server-side applied, watched (the children index: pruning, drift), read and
+# re-pointed at a wipe claim (spec.volumeReclaim: Wipe), deleted once reclaimed.
 - apiGroups: [""]
   resources: ["persistentvolumes"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # Events that explain admissions, moves and failures: a KVPool's (cluster-scoped) go to `default`,
 # whatever namespaces are watched.
 - apiGroups: [""]
@@ -117,27 +117,27 @@ the embedded API server's request log of the whole e2e suite, both ways.
 - apiGroups: [""]
   resources: ["pods/status"]
   verbs: ["update"]
-# Children: server-side applied (an apply that creates is authorized as `create` too), listed to prune
-# what the spec no longer renders, deleted.
+# Children: server-side applied when they changed (an apply that creates is authorized as `create` too),
+# listed and watched (the children index: drift, pruning what the spec no longer renders), deleted.
 - apiGroups: [""]
   resources: ["services", "configmaps"]
-  verbs: ["list", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: ["get", "list", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list", "create", "patch", "delete"]
-# Per-replica volume claims (StatefulSet volumeClaimTemplates): expanded when kvCache.storage.max
-# grows (CSI), released with their deployment.
+  verbs: ["list", "watch", "create", "patch", "delete"]
+# Per-replica volume claims (StatefulSet volumeClaimTemplates): watched (the children index), expanded
+# when kvCache.storage.max grows (CSI), released with their deployment.
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "list", "patch", "delete"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 {{- if .Values.engines.podMonitor }}
-# PodMonitors (engines.podMonitor): applied, listed to prune, deleted.
+# PodMonitors (engines.podMonitor): applied, listed and watched (the children index), deleted.
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
-  verbs: ["list", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 {{- end }}
 {{- if and .Values.peering.enabled .Values.watchNamespaces }}
 # kopf peering (per namespace).

@@ -120,6 +120,10 @@ def validate_rules(schema: dict[str, Any], obj: Any, old: Any = None, *, path: s
     failures: list[RuleFailure] = []
     if obj is None:
         return failures
+    if old is not None and obj == old and not _reads_old_self(schema):
+        # Validation ratcheting (kube-apiserver's CRDValidationRatcheting, GA since 1.33): an update is not
+        # refused for a value it leaves unchanged, so the rules on it need not run; transition rules still do.
+        return failures
     for entry in schema.get("x-kubernetes-validations", ()):
         rule = entry["rule"]
         if "oldSelf" in rule and old is None:
@@ -152,3 +156,27 @@ def validate_rules(schema: dict[str, Any], obj: Any, old: Any = None, *, path: s
         for index, item in enumerate(obj):
             failures += validate_rules(schema["items"], item, None, path=_join(path, index))
     return failures
+
+
+_OLD_SELF: dict[int, tuple[dict[str, Any], bool]] = {}  # by id(schema), holding the schema so the id stays its own
+
+
+def _reads_old_self(schema: dict[str, Any]) -> bool:
+    """Whether a rule at or below this schema node is a transition rule (reads `oldSelf`)."""
+    known = _OLD_SELF.get(id(schema))
+    if known is not None and known[0] is schema:
+        return known[1]
+
+    def walk(node: Any) -> bool:
+        if isinstance(node, dict):
+            rules = node.get("x-kubernetes-validations")
+            if isinstance(rules, list) and any(
+                "oldSelf" in str(e.get("rule", "")) for e in rules if isinstance(e, dict)
+            ):
+                return True
+            return any(walk(value) for value in node.values())
+        return isinstance(node, list) and any(walk(value) for value in node)
+
+    found = walk(schema)
+    _OLD_SELF[id(schema)] = (schema, found)
+    return found

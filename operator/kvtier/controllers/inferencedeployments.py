@@ -8,11 +8,16 @@ the replicas already have, keeping an existing StatefulSet's fixed parts: `contr
 -> apply and prune -> expand the claims when `max` grew -> apply each running replica's storage
 quota (opens its readiness gate) -> status. Static volumes are never deleted here: a deployment
 gives them back to its pool, which wipes or retains them (`controllers.reclaim`).
+
+In steady state a pass makes one API request, the pool's GET: children, claims and pods come from
+watches (`controllers.children`, telemetry's pod index), a child is applied only when it changed or
+drifted, the ledger is written only when the admission changes it, and status is patched only when it
+differs from what the object holds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,26 +28,30 @@ from kvtier.api.inferencedeployment import InferenceDeployment
 from kvtier.api.kvpool import KVPool, KVPoolStatus
 from kvtier.api.units import format_quantity
 from kvtier.contract import DEPLOYMENT_LABEL, DEPLOYMENT_NAMESPACE_LABEL
+from kvtier.controllers.children import (
+    CHILD_RESOURCES,
+    Applied,
+    Observed,
+    annotated,
+    apply_children,
+    prune_children,
+    register_indexes,
+)
 from kvtier.controllers.conditions import find, set_condition
 from kvtier.controllers.events import post_transitions
 from kvtier.controllers.kvpools import PoolGone, created_at, update_pool_status
 from kvtier.controllers.reclaim import release_volume
 from kvtier.controllers.replicas import not_ready
-from kvtier.controllers.runtime import FIELD_MANAGER, InvalidSpec, OperatorConfig, api_errors, measured, parse
-from kvtier.controllers.volumes import claims_of, expand_claims, keep_claim_templates, volume_size
+from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, api_errors, measured, parse
+from kvtier.controllers.volumes import expand_claims, keep_claim_templates, volume_size
 from kvtier.kube import (
-    CONFIGMAPS,
     INFERENCEDEPLOYMENTS,
     PERSISTENT_VOLUME_CLAIMS,
     PERSISTENT_VOLUMES,
-    PODDISRUPTIONBUDGETS,
-    PODMONITORS,
     PODS,
-    SERVICES,
     STATEFULSETS,
     APIError,
     KubeClient,
-    Resource,
 )
 from kvtier.rebalance.actuator import apply_quotas
 from kvtier.render import (
@@ -56,17 +65,9 @@ from kvtier.render import (
 from kvtier.render.reclaim import RELEASED_LABEL
 from kvtier.render.volumes import kv_volume
 from kvtier.storage.ledger import Admission, Claim, admit, release
+from kvtier.telemetry.targets import TargetIndex
 
 DEPLOYMENT = ("kvtier.io", "v1alpha1", "inferencedeployments")
-#: Every kind an InferenceDeployment owns, by `kind`: applied, and pruned when no longer rendered.
-CHILD_RESOURCES: dict[str, Resource] = {
-    "ConfigMap": CONFIGMAPS,
-    "Service": SERVICES,
-    "StatefulSet": STATEFULSETS,
-    "PodDisruptionBudget": PODDISRUPTIONBUDGETS,
-    "PodMonitor": PODMONITORS,
-    "PersistentVolume": PERSISTENT_VOLUMES,
-}
 
 
 class Stop(Exception):
@@ -76,8 +77,10 @@ class Stop(Exception):
 class Pass:
     """One reconcile pass over one InferenceDeployment: its conditions and status as they are computed."""
 
-    def __init__(self, body: kopf.Body):
+    def __init__(self, body: kopf.Body, retry: int = 0):
         self.body = body
+        #: The first attempt at an object no pass has written yet: a missing pool is looked for once more.
+        self.first_look = retry == 0 and not body.get("status")
         self.generation = body.metadata.get("generation")
         self.before: list[dict[str, Any]] = list((body.get("status") or {}).get("conditions", []))
         self.conditions = list(self.before)
@@ -93,7 +96,13 @@ class Pass:
             self.condition("Degraded", "True", reason, message)
         return Stop(message)
 
+    def unchanged(self) -> bool:
+        """Whether the object's status already says all this pass would write."""
+        return _holds(dict(self.body.get("status") or {}), {**self.status, "conditions": self.conditions})
+
     async def write(self, kube: KubeClient) -> None:
+        if self.unchanged():
+            return
         meta = self.body.metadata
         await kube.patch(
             INFERENCEDEPLOYMENTS,
@@ -106,21 +115,24 @@ class Pass:
 
 
 async def claim_storage(
-    kube: KubeClient, deployment: InferenceDeployment, body: kopf.Body, step: Pass
+    world: World, deployment: InferenceDeployment, body: kopf.Body, step: Pass
 ) -> tuple[KVPool, Admission]:
     """Admit the deployment into its pool's ledger (compare-and-swap on the pool's status)."""
     storage = deployment.spec.kv_cache.storage
     assert storage is not None
+    claim = Claim.of(deployment, created_at(body.metadata))
     decision: Admission | None = None
 
     def change(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
         nonlocal decision
-        decision = admit(pool, status, Claim.of(deployment, created_at(body.metadata)))
+        decision = admit(pool, status, claim)
         return decision.status
 
     try:
-        pool, _ = await update_pool_status(kube, storage.pool_ref, change)
+        pool, _ = await update_pool_status(world.kube, storage.pool_ref, change)
     except PoolGone:
+        if step.first_look:  # `kubectl apply -f dir/` may create the pool a moment after its deployment
+            raise kopf.TemporaryError(f"KVPool {storage.pool_ref} not found yet", delay=1) from None
         step.condition("StorageBound", "False", "PoolNotFound", f"KVPool {storage.pool_ref} does not exist")
         raise step.stop(
             "PoolNotFound", f"KVPool {storage.pool_ref} does not exist (spec.kvCache.storage.poolRef)"
@@ -142,35 +154,6 @@ def _binding(pool: KVPool, decision: Admission, size: int | None) -> StorageBind
     )
 
 
-async def apply_children(kube: KubeClient, children: list[dict[str, Any]]) -> None:
-    # Volumes first, so claims find them; then the rest in render order.
-    for child in sorted(children, key=lambda c: c["kind"] != "PersistentVolume"):
-        await kube.apply(CHILD_RESOURCES[child["kind"]], child, field_manager=FIELD_MANAGER)
-
-
-async def prune_children(
-    kube: KubeClient, deployment: InferenceDeployment, children: Iterable[dict[str, Any]], kinds: Iterable[str]
-) -> None:
-    """Delete children of this deployment that the current spec no longer renders."""
-    wanted = {(c["kind"], c["metadata"]["name"]) for c in children}
-    name, namespace = deployment.metadata.name, deployment.metadata.namespace
-    for kind in kinds:
-        resource = CHILD_RESOURCES[kind]
-        if resource.namespaced:
-            found = await kube.list(resource, namespace, label_selector=f"{DEPLOYMENT_LABEL}={name}")
-        else:
-            found = await kube.list(
-                resource, label_selector=f"{DEPLOYMENT_LABEL}={name},{DEPLOYMENT_NAMESPACE_LABEL}={namespace}"
-            )
-        for item in found.get("items", []):
-            if (kind, item["metadata"]["name"]) in wanted:
-                continue
-            if kind == "PersistentVolume":
-                await release_volume(kube, item)  # an ordinal scaled away: its pool reclaims the volume
-            else:
-                await kube.delete(resource, item["metadata"].get("namespace"), item["metadata"]["name"])
-
-
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.index("", "v1", "nodes", id="nodes", registry=registry)
     def nodes(body: kopf.Body, **_: Any) -> dict[None, NodeResources]:
@@ -185,12 +168,26 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         if getattr(memo, "http", None) is not None:
             await memo.http.close()
 
-    async def reconcile(body: kopf.Body, memo: kopf.Memo, nodes: kopf.Index, **_: Any) -> None:
+    register_indexes(registry, config)
+
+    @kopf.on.startup(id="applied-children", registry=registry)
+    def remember_applied(memo: kopf.Memo, **_: Any) -> None:
+        memo.applied = Applied()
+
+    async def reconcile(body: kopf.Body, memo: kopf.Memo, nodes: kopf.Index, **kwargs: Any) -> None:
         kube: KubeClient = memo.kube
-        step = Pass(body)
+        step = Pass(body, kwargs.get("retry") or 0)
+        world = World(
+            kube,
+            memo.http,
+            config,
+            memo.applied,
+            Observed(kwargs, body.metadata.namespace, body.metadata.name),
+            getattr(getattr(memo, "telemetry", None), "targets", None),
+        )
         try:
             with api_errors():
-                await _reconcile(kube, memo.http, config, body, list(nodes.get(None, [])), step)
+                await _reconcile(world, body, list(nodes.get(None, [])), step)
         except Stop:
             pass
         except InvalidSpec as error:
@@ -224,6 +221,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         """
         kube: KubeClient = memo.kube
         name, namespace = body.metadata.name, body.metadata.namespace
+        memo.applied.forget(namespace, name)
         with api_errors():
             if await kube.get_or_none(STATEFULSETS, namespace, name) is not None:
                 await kube.delete(STATEFULSETS, namespace, name)
@@ -246,27 +244,41 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                     pass
 
 
-async def _reconcile(
-    kube: KubeClient,
-    http: aiohttp.ClientSession,
-    config: OperatorConfig,
-    body: kopf.Body,
-    nodes: list[NodeResources],
-    step: Pass,
-) -> None:
+@dataclass(frozen=True)
+class World:
+    """What a pass reads and writes through: the API, the engines, and the watch-fed views of the children."""
+
+    kube: KubeClient
+    http: aiohttp.ClientSession
+    config: OperatorConfig
+    applied: Applied
+    observed: Observed
+    targets: TargetIndex | None
+
+    async def pods(self, deployment: InferenceDeployment) -> list[dict[str, Any]]:
+        """The deployment's replicas, from the pod watch (listed only before its first list is in)."""
+        name, namespace = deployment.metadata.name or "", deployment.metadata.namespace or ""
+        known = self.targets.pods_of(namespace, name) if self.targets is not None else None
+        if known is not None:
+            return known
+        return (await self.kube.list(PODS, namespace, label_selector=selector(deployment))).get("items", [])
+
+
+async def _reconcile(world: World, body: kopf.Body, nodes: list[NodeResources], step: Pass) -> None:
+    kube, config, observed = world.kube, world.config, world.observed
     deployment = parse(InferenceDeployment, body)
-    name, namespace = body.metadata.name, body.metadata.namespace
+    name = body.metadata.name
     step.status["selector"] = selector(deployment)
     pool: KVPool | None = None
     binding: StorageBinding | None = None
     rendered = deployment
     storage = deployment.spec.kv_cache.storage
-    statefulset = await kube.get_or_none(STATEFULSETS, namespace, name)
-    claims = await claims_of(kube, namespace, name) if storage is not None else []
+    statefulset = observed.named("StatefulSet", name)
+    claims = observed.claims() if storage is not None else []
     quota = 0
     held_back: tuple[str, str] | None = None  # the ledger admitted fewer replicas than the spec asks: why
     if storage is not None:
-        pool, decision = await claim_storage(kube, deployment, body, step)
+        pool, decision = await claim_storage(world, deployment, body, step)
         if decision.allocation is None:
             step.condition("StorageBound", "False", decision.reason, decision.message)
             # NeverFits is the spec's problem (degraded); waiting for capacity is not.
@@ -302,8 +314,13 @@ async def _reconcile(
         problem = keep_claim_templates(next(c for c in children if c["kind"] == "StatefulSet"), statefulset)
         if problem:
             raise step.stop("StatefulSetImmutable", problem)
+    children = [annotated(child) for child in children]
     for child in children:
-        if child["kind"] == "PersistentVolume" and await _being_reclaimed(kube, child["metadata"]["name"]):
+        if (
+            child["kind"] == "PersistentVolume"
+            and observed.named("PersistentVolume", child["metadata"]["name"]) is None
+            and await _being_reclaimed(kube, child["metadata"]["name"])
+        ):
             raise step.stop(
                 "VolumeReclaiming",
                 f"PersistentVolume {child['metadata']['name']} of an earlier replica "
@@ -311,12 +328,13 @@ async def _reconcile(
                 f"{storage.pool_ref if storage else ''}); the replica waits for it",
                 degraded=False,
             )
-    await apply_children(kube, children)
+    await apply_children(kube, world.applied, observed, children)
     kinds = [kind for kind in CHILD_RESOURCES if kind != "PodMonitor" or config.render.pod_monitor]
-    await prune_children(kube, deployment, children, kinds)
+    await prune_children(kube, observed, children, kinds)
     if storage is not None and binding is not None and deployment.spec.kv_cache.mode == "LMCacheMP":
-        pods = await kube.list(PODS, namespace, label_selector=selector(deployment))
-        results = await apply_quotas(kube, http, pods.get("items", []), quota, config.render.lmcache_http_port)
+        results = await apply_quotas(
+            kube, world.http, await world.pods(deployment), quota, config.render.lmcache_http_port
+        )
         failed = [f"{r.pod}: {r.detail}" for r in results if not r.applied and r.detail != "not running yet"]
         if failed:
             step.condition("Degraded", "True", "QuotaNotApplied", "; ".join(failed))
@@ -324,7 +342,7 @@ async def _reconcile(
     expansion = (
         await expand_claims(kube, deployment, pool, claims) if pool is not None and storage is not None else None
     )
-    await _workload_status(kube, deployment, name, namespace, step, config.start_grace_seconds)
+    await _workload_status(world, deployment, step)
     if held_back is not None:  # Ready says why the missing replicas do not run, not only that they do not
         step.condition("Ready", "False", *held_back)
     if expansion:
@@ -337,10 +355,8 @@ async def _being_reclaimed(kube: KubeClient, name: str) -> bool:
     return bool(volume and (volume["metadata"].get("labels") or {}).get(RELEASED_LABEL))
 
 
-async def _workload_status(
-    kube: KubeClient, deployment: InferenceDeployment, name: str, namespace: str, step: Pass, grace_seconds: float
-) -> None:
-    statefulset = await kube.get_or_none(STATEFULSETS, namespace, name) or {}
+async def _workload_status(world: World, deployment: InferenceDeployment, step: Pass) -> None:
+    statefulset = world.observed.named("StatefulSet", deployment.metadata.name or "") or {}
     observed = statefulset.get("status") or {}
     desired = deployment.spec.replicas
     replicas, ready = observed.get("replicas", 0), observed.get("readyReplicas", 0)
@@ -357,12 +373,18 @@ async def _workload_status(
             "Ready", "True", "AllReplicasReady" if desired else "ScaledToZero", f"{ready}/{desired} replicas ready"
         )
     else:
-        pods = await kube.list(PODS, namespace, label_selector=selector(deployment))
+        pods = await world.pods(deployment)
+        grace_seconds = world.config.start_grace_seconds
         step.condition(
-            "Ready",
-            "False",
-            *not_ready(pods.get("items", []), ready, desired, _false_for(step.before, "Ready"), grace_seconds),
+            "Ready", "False", *not_ready(pods, ready, desired, _false_for(step.before, "Ready"), grace_seconds)
         )
+
+
+def _holds(whole: Any, part: Any) -> bool:
+    """Whether `whole` already has every field of `part` with the same value (a merge patch would not change it)."""
+    if isinstance(part, dict):
+        return isinstance(whole, dict) and all(_holds(whole.get(key), value) for key, value in part.items())
+    return bool(whole == part)
 
 
 def _false_for(conditions: list[dict[str, Any]], kind: str) -> float:

@@ -24,6 +24,7 @@ from kvtier.api.kvpool import KVPool
 from kvtier.contract import DEPLOYMENT_LABEL, DEPLOYMENT_NAMESPACE_LABEL
 from kvtier.kube import JOBS, NAMESPACES, PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, APIError, KubeClient
 from kvtier.render.reclaim import RELEASED_LABEL, claim_ref, wipe_claim, wipe_job, wipe_name
+from kvtier.storage import CSIBackend, backend_for
 from kvtier.storage.base import POOL_LABEL
 from kvtier.storage.nvmeof import persistent_volume_name
 
@@ -101,6 +102,9 @@ async def _create(kube: KubeClient, resource: Any, body: dict[str, Any]) -> None
 async def reclaim_volumes(kube: KubeClient, pool: KVPool, namespace: str, image: str) -> Reclaim:
     """One reclaim pass over the pool's released volumes (`namespace`: the operator's, where wipes run)."""
     name = pool.metadata.name or ""
+    reclaiming = pool.status.reclaiming if pool.status else []
+    if isinstance(backend_for(pool), CSIBackend) and not reclaiming:
+        return Reclaim()  # dynamically provisioned volumes are the CSI driver's to reclaim: nothing to list
     found = await kube.list(PERSISTENT_VOLUMES, label_selector=f"{POOL_LABEL}={name}")
     volumes = {v["metadata"]["name"]: v for v in found.get("items", [])}
     result = Reclaim()
@@ -119,13 +123,12 @@ async def reclaim_volumes(kube: KubeClient, pool: KVPool, namespace: str, image:
             f"{namespace}) or set spec.volumeReclaim: Retain"
         )
         released = []
-    if pool.spec.volume_reclaim == "Wipe":
+    if pool.spec.volume_reclaim == "Wipe" and released:
         for volume in released:
             problem = await _wipe(kube, volume, namespace, image)
             if problem:
                 result.problems.append(problem)
         found = await kube.list(PERSISTENT_VOLUMES, label_selector=f"{POOL_LABEL}={name}")
         volumes = {v["metadata"]["name"]: v for v in found.get("items", [])}
-    reclaiming = pool.status.reclaiming if pool.status else []
     result.freed = {uuid for uuid in reclaiming if persistent_volume_name(name, uuid) not in volumes}
     return result

@@ -134,6 +134,9 @@ class TelemetryLoop:
                     if self.config.metrics_source == "prometheus" and self.config.prometheus_url
                     else None
                 )
+                # No cycle before the pods are listed: an empty index would read as "no Ready replica" and
+                # flip every deployment's MetricsAvailable (writes and Events) each time the operator starts.
+                await self.targets.synced.wait()
                 while True:
                     started = time.monotonic()
                     try:

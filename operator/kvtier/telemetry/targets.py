@@ -107,6 +107,9 @@ class TargetIndex:
         #: Namespaces watched (empty: all).
         self.namespaces = tuple(namespaces) or (None,)
         self._targets: dict[tuple[str | None, str], Target] = {}  # (namespace, pod uid or name) -> target
+        #: Every replica (Ready or not) by deployment, then by (namespace, pod uid or name): what the
+        #: InferenceDeployment controller reads for its Ready condition and quotas instead of listing.
+        self._pods: dict[DeploymentKey, dict[tuple[str | None, str], dict[str, Any]]] = {}
         #: Set once every watched namespace has been listed.
         self.synced = asyncio.Event()
         #: Lists done so far (the first, and one per expired resourceVersion).
@@ -118,6 +121,17 @@ class TargetIndex:
         metadata = pod.get("metadata") or {}
         key = (metadata.get("namespace"), metadata.get("uid") or metadata.get("name") or "")
         target = target_of(pod) if kind != "DELETED" else None
+        deployment = (metadata.get("labels") or {}).get(DEPLOYMENT_LABEL)
+        if deployment:
+            owner = (metadata.get("namespace") or "", deployment)
+            if kind == "DELETED":
+                self._pods.get(owner, {}).pop(key, None)
+            else:
+                trimmed = {k: v for k, v in pod.items() if k != "metadata"}
+                trimmed["metadata"] = {k: v for k, v in metadata.items() if k != "managedFields"}
+                self._pods.setdefault(owner, {})[key] = trimmed
+            if owner in self._pods and not self._pods[owner]:
+                del self._pods[owner]
         if target is None:
             self._targets.pop(key, None)
         else:
@@ -127,8 +141,16 @@ class TargetIndex:
         """A fresh list of a namespace (None: all) replaces what was known of it."""
         for key in [key for key in self._targets if namespace is None or key[0] == namespace]:
             del self._targets[key]
+        for owner in [owner for owner in self._pods if namespace is None or owner[0] == namespace]:
+            del self._pods[owner]
         for pod in pods:
             self.apply("ADDED", pod)
+
+    def pods_of(self, namespace: str, deployment: str) -> list[dict[str, Any]] | None:
+        """The deployment's replicas as the watch last saw them; None until the first list is in."""
+        if not self.synced.is_set():
+            return None
+        return list(self._pods.get((namespace, deployment), {}).values())
 
     def targets(self) -> list[Target]:
         return sorted(self._targets.values(), key=lambda t: (t.namespace, t.deployment, t.pod))

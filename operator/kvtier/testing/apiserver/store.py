@@ -87,13 +87,19 @@ class Watcher:
 
 @dataclass
 class Collection:
-    """All objects of one group/resource, with their recent history and open watchers."""
+    """All objects of one group/resource, with their recent history and open watchers.
+
+    Indexed by namespace, with the (namespace, name) order of a namespace (or of everything) kept
+    until an object is created or deleted, so a list neither scans other namespaces nor sorts.
+    """
 
     history_size: int
     objects: dict[Key, Stored] = field(default_factory=dict)
     history: collections.deque[WatchEvent] = field(default_factory=collections.deque)
     compacted_rv: int = 0  # events up to this resourceVersion are no longer in history
     watchers: set[Watcher] = field(default_factory=set)
+    namespaces: dict[str, dict[str, Stored]] = field(default_factory=dict)
+    _order: dict[str, list[Key]] = field(default_factory=dict)  # "" for everything
 
     def record(self, event: WatchEvent) -> None:
         self.history.append(event)
@@ -107,10 +113,42 @@ class Collection:
             if event.rv > rv:
                 yield event
 
+    def set(self, key: Key, stored: Stored) -> Stored | None:
+        """Store `stored` under `key`; the previous object, if any."""
+        old = self.objects.get(key)
+        self.objects[key] = stored
+        self.namespaces.setdefault(key[0], {})[key[1]] = stored
+        if old is None:
+            self._order.clear()
+        return old
+
+    def pop(self, key: Key) -> Stored | None:
+        old = self.objects.pop(key, None)
+        if old is not None:
+            members = self.namespaces[key[0]]
+            del members[key[1]]
+            if not members:
+                del self.namespaces[key[0]]
+            self._order.clear()
+        return old
+
     def in_namespace(self, namespace: str | None) -> Iterable[Stored]:
         if not namespace:
             return self.objects.values()
-        return (s for (ns, _), s in self.objects.items() if ns == namespace)
+        return self.namespaces.get(namespace, {}).values()
+
+    def ordered(self, namespace: str | None) -> list[Stored]:
+        """The objects of `namespace` (None or "": all), by namespace and name."""
+        namespace = namespace or ""
+        keys = self._order.get(namespace)
+        if keys is None:
+            if namespace:
+                keys = [(namespace, name) for name in sorted(self.namespaces.get(namespace, {}))]
+            else:
+                keys = sorted(self.objects)
+            self._order[namespace] = keys
+        objects = self.objects
+        return [objects[key] for key in keys]
 
 
 class Store:
@@ -120,6 +158,7 @@ class Store:
         self.history_size = history_size
         self.collections: dict[tuple[str, str], Collection] = {}
         self.rv = 1
+        self._uids: dict[str, tuple[tuple[str, str], Key]] = {}  # where each uid is stored
 
     def collection(self, key: tuple[str, str]) -> Collection:
         coll = self.collections.get(key)
@@ -144,21 +183,30 @@ class Store:
         obj["metadata"]["resourceVersion"] = str(rv)
         meta = obj["metadata"]
         okey = (meta.get("namespace", ""), meta["name"])
-        old = coll.objects.get(okey)
         stored = Stored.of(obj, rv)
-        coll.objects[okey] = stored
+        old = coll.set(okey, stored)
+        if isinstance(meta.get("uid"), str):
+            self._uids[meta["uid"]] = (key, okey)
         coll.record(WatchEvent("MODIFIED" if old else "ADDED", rv, stored, old))
         return stored
 
     def remove(self, key: tuple[str, str], okey: Key) -> Stored | None:
         """Delete an object; the DELETED event carries a fresh resourceVersion."""
         coll = self.collection(key)
-        old = coll.objects.pop(okey, None)
+        old = coll.pop(okey)
         if old is None:
             return None
+        self._uids.pop(old.obj["metadata"].get("uid"), None)
         rv = self.next_rv()
         obj = dict(old.obj)
         obj["metadata"] = {**obj["metadata"], "resourceVersion": str(rv)}
         stored = Stored.of(obj, rv)
         coll.record(WatchEvent("DELETED", rv, stored, old))
         return stored
+
+    def by_uid(self, uid: Any) -> Stored | None:
+        """The stored object with this uid, if any."""
+        where = self._uids.get(uid) if isinstance(uid, str) else None
+        coll = self.collections.get(where[0]) if where else None
+        stored = coll.objects.get(where[1]) if coll is not None and where else None
+        return stored if stored is not None and stored.obj["metadata"].get("uid") == uid else None

@@ -9,7 +9,8 @@ and the provisioner a CSI driver would bring.
 
 It is an ordinary API client (it works against any API server) and runs level-based: every
 change it watches, and a tick every `resync` seconds (for readiness probes), triggers one pass
-that looks at everything and fixes what differs. Simplifications, deliberately:
+that looks at everything and fixes what differs. It reads through informers (:mod:`.informer`:
+one list, then watches; its own writes refresh the cache), so a pass makes no LIST. Simplifications, deliberately:
 
 - StatefulSets: ordinal pods `<sts>-<i>` and PVCs `<template>-<sts>-<i>`; `Parallel` and
   `OrderedReady` creation; scale-down from the highest ordinal; rolling updates delete the
@@ -30,11 +31,12 @@ that looks at everything and fixes what differs. Simplifications, deliberately:
   API server's admission already refused growth the StorageClass does not allow).
 - Scheduling: first node (by name) whose allocatable CPU, memory, `nvidia.com/gpu` and pods
   still fit the pod's requests and whose labels match its `nodeSelector`; taints are not modelled.
-  Binding writes `spec.nodeName` directly.
+  Binding writes `spec.nodeName` directly. Pods naming another `schedulerName` are left alone.
 - Kubelets: each pod gets its own address in 127.0.0.0/8; every container's declared ports are
   served by the engine factory; a container is ready when its `readinessProbe.httpGet` answers
-  200 (or at once without a probe); the pod is Ready when all containers are and every
-  `readinessGates` condition is True. A deleted pod's engines stop at once. Pods whose
+  200 (or at once without a probe) and unready after `failureThreshold` (default 3) failed probes
+  in a row, one probe per pass (or per `periodSeconds` with `probe_periods`); the pod is Ready
+  when all containers are and every `readinessGates` condition is True. A deleted pod's engines stop at once. Pods whose
   `restartPolicy` is `Never` or `OnFailure` run to completion instead of serving: once scheduled
   they end `Succeeded`, or `Failed` when `exit_code(pod)` (a test's hook; 0 by default) is not 0.
 """
@@ -57,11 +59,13 @@ from kvtier.kube import (
     PERSISTENT_VOLUMES,
     PODS,
     STATEFULSETS,
+    STORAGECLASSES,
     APIError,
     KubeClient,
     Resource,
 )
 from kvtier.testing.engines import EngineFactory, stub_engine
+from kvtier.testing.podsim.informer import CachedClient
 from kvtier.testing.podsim.kubelet import AddressPool, Kubelet, RunningPod
 from kvtier.testing.podsim.nodes import NodeSpec
 from kvtier.testing.podsim.objects import GPU, is_ready, isolated, owned_by, pod_requests
@@ -99,18 +103,22 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
         engine_factory: EngineFactory = stub_engine,
         addresses: AddressPool | None = None,
         resync: float = 0.5,
+        probe_periods: bool = False,
         exit_code: Callable[[dict[str, Any]], int] = lambda pod: 0,
         components: frozenset[str] = EMBEDDED,
     ):
         unknown = set(components) - EMBEDDED
         if unknown:
             raise ValueError(f"unknown pod simulator components {sorted(unknown)}; known: {sorted(EMBEDDED)}")
-        self.kube = kube
+        self.kube = CachedClient(kube)  # type: ignore[assignment]  # a KubeClient whose lists come from informers
         self.nodes = nodes
         self.components = frozenset(components)
         self.engine_factory = engine_factory
         self.addresses = addresses or AddressPool()
         self.resync = resync
+        #: Probe readiness once per `periodSeconds` (as kubelets do) rather than on every pass (quicker to notice,
+        #: the tests' default); for many pods, where probing every pass is the simulator's own bottleneck.
+        self.probe_periods = probe_periods
         #: The exit code of a run-to-completion pod (restartPolicy Never or OnFailure); tests replace it.
         self.exit_code = exit_code
         self._running: dict[str, RunningPod] = {}  # by pod uid
@@ -124,13 +132,16 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
         if "workloads" in self.components:
             watched += [STATEFULSETS, DEPLOYMENTS, JOBS]
         if self.components & {"volume-binder", "provisioner"}:
-            watched += [PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES]
+            watched += [PERSISTENT_VOLUME_CLAIMS, PERSISTENT_VOLUMES, STORAGECLASSES]
         return watched
 
     async def run(self) -> None:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1))
+        assert isinstance(self.kube, CachedClient)
         watchers = [
-            asyncio.create_task(self._watch(resource), name=f"podsim-watch-{resource.plural}")
+            asyncio.create_task(
+                self.kube.inform(resource, self._wake.set).run(), name=f"podsim-watch-{resource.plural}"
+            )
             for resource in self._watched()
         ]
         if "kubelet" in self.components:
@@ -151,18 +162,8 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
             for task in watchers:
                 task.cancel()
             await asyncio.gather(*watchers, return_exceptions=True)
-            for running in list(self._running.values()):
-                await self._stop_pod(running.uid)
+            await asyncio.gather(*(self._stop_pod(uid) for uid in list(self._running)))
             await self._http.close()
-
-    async def _watch(self, resource: Resource) -> None:
-        while True:
-            try:
-                async for _ in self.kube.watch(resource, timeout_seconds=60):
-                    self._wake.set()
-            except (TimeoutError, APIError, aiohttp.ClientError) as error:
-                log.debug("pod simulator watch of %s ended: %s", resource.plural, error)
-                await asyncio.sleep(0.5)
 
     # -- one pass --------------------------------------------------------------------------------
 

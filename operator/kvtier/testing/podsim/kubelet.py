@@ -7,8 +7,9 @@ import ipaddress
 import json
 import logging
 import random
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -50,6 +51,8 @@ class RunningPod:
     uid: str
     address: str
     engines: list[RunningEngine]
+    probe_failures: dict[str, int] = field(default_factory=dict)  # consecutive failed readiness probes
+    last_probes: dict[str, tuple[float, bool]] = field(default_factory=dict)  # when and how each container answered
 
 
 class Kubelet:
@@ -60,6 +63,7 @@ class Kubelet:
     engine_factory: EngineFactory
     addresses: AddressPool
     exit_code: Callable[[dict[str, Any]], int]
+    probe_periods: bool
     _running: dict[str, RunningPod]
     _http: aiohttp.ClientSession | None
 
@@ -167,8 +171,21 @@ class Kubelet:
             await engine.stop()
         self.addresses.release(uid)
 
+    async def _probe_when_due(self, running: RunningPod, container: dict[str, Any]) -> tuple[bool, bool]:
+        """The container's readiness and whether it was probed just now: every pass, or (`probe_periods`) once
+        per `readinessProbe.periodSeconds` (default 10) as a kubelet does."""
+        name = container["name"]
+        last = running.last_probes.get(name)
+        period = float((container.get("readinessProbe") or {}).get("periodSeconds", 10))
+        if self.probe_periods and last is not None and time.monotonic() - last[0] < period:
+            return last[1], False
+        ready = await self._probe(running.address, container)
+        running.last_probes[name] = (time.monotonic(), ready)
+        return ready, True
+
     async def _probe(self, address: str, container: dict[str, Any]) -> bool:
-        http_get = (container.get("readinessProbe") or {}).get("httpGet")
+        probe = container.get("readinessProbe") or {}
+        http_get = probe.get("httpGet")
         if http_get is None:
             return True
         port = http_get.get("port")
@@ -178,7 +195,8 @@ class Kubelet:
             return False
         assert self._http is not None
         try:
-            async with self._http.get(f"http://{address}:{port}{http_get.get('path', '/')}") as reply:
+            timeout = aiohttp.ClientTimeout(total=float(probe.get("timeoutSeconds", 1)))  # the kubelet's default: 1 s
+            async with self._http.get(f"http://{address}:{port}{http_get.get('path', '/')}", timeout=timeout) as reply:
                 return 200 <= reply.status < 400
         except (TimeoutError, aiohttp.ClientError):
             return False
@@ -187,12 +205,17 @@ class Kubelet:
         running = self._running[pod["metadata"]["uid"]]
         statuses = []
         containers = pod["spec"].get("containers", [])
-        probes = await asyncio.gather(*(self._probe(running.address, container) for container in containers))
-        for container, ready in zip(containers, probes):
+        probes = await asyncio.gather(*(self._probe_when_due(running, container) for container in containers))
+        for container, (probed, fresh) in zip(containers, probes):
             previous = next(
                 (s for s in (pod.get("status") or {}).get("containerStatuses", []) if s["name"] == container["name"]),
                 None,
             )
+            # As a kubelet: a ready container turns unready after `failureThreshold` (default 3) failures in a row.
+            failures = 0 if probed else running.probe_failures.get(container["name"], 0) + fresh
+            running.probe_failures[container["name"]] = failures
+            threshold = (container.get("readinessProbe") or {}).get("failureThreshold", 3)
+            ready = probed or (bool((previous or {}).get("ready")) and failures < threshold)
             started_at = (previous or {}).get("state", {}).get("running", {}).get("startedAt") or now()
             statuses.append(
                 {

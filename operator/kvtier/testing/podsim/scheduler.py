@@ -31,6 +31,8 @@ class Scheduler:
         for pod in pods:
             if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
                 continue
+            if pod["spec"].get("schedulerName", "default-scheduler") != "default-scheduler":
+                continue  # another scheduler's pod, as kube-scheduler leaves it
             reason = self._unbound_claims(pod, claims)
             chosen = None
             if reason is None:

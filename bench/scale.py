@@ -1,0 +1,639 @@
+"""Scale benchmark (issue 22): N KVPools, D InferenceDeployments with R replicas each, one operator process.
+
+    .venv/bin/python bench/scale.py --ground real --pools 10 --deployments 1000 --replicas 4 --steady 600
+    .venv/bin/python bench/scale.py --ground embedded --pools 2 --sizes 20,100 --replicas 2 --steady 60
+
+For every size it starts a fresh test ground (``embedded``: the API emulator; ``real``: etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler built by hack/control-plane.sh) with the pod simulator in this
+process (its kubelets serve kvsim engines on 127.0.0.0/8, idle: no trace load), runs ``kvtier run`` as its
+own process, creates the pools (CSI, the simulator provisions) and the deployments, and measures:
+
+- converge: seconds from the first create until every deployment is Ready with ``status.kv`` filled;
+- over the steady window (``--steady`` s, sampled every scrape interval): the operator's RSS (from
+  /proc/<pid>/status) and CPU as a share of one core per sample interval (from /proc/<pid>/stat);
+- the operator's API requests per second, by verb and resource. Embedded ground: the emulator's request
+  log, every client but the pod simulator and this script. Real ground: kube-apiserver's
+  ``apiserver_request_total`` has no user label, so the others' rate is measured right after the window
+  with the operator stopped (SIGSTOP) for ``--pause`` seconds and subtracted;
+- status writes per minute (patch/update of kvpools and inferencedeployments ``/status``; only the
+  operator writes those);
+- scrape latency p50/p99: the operator's own ``kvtier_scrape_duration_seconds`` histogram (increments over
+  the window, linear within a bucket);
+- one rebalance round of a 100-deployment pool: the pure planner
+  (:func:`kvtier.rebalance.round.plan_round`) on synthetic input with an empty demand book.
+
+Prints each phase's wall time, a table, writes ``<out>/scale-<ground>.json`` and a plot against size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, STORAGECLASSES, APIError, KubeClient
+from kvtier.sim.pods import KvsimEngines
+from kvtier.testing.cluster import EmbeddedCluster, SimulatedCluster
+from kvtier.testing.engines import stub_engine
+from kvtier.testing.podsim import NodeSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMESPACE = "scale"
+STORAGE_CLASS = "scale-sim"
+PODS_PER_NODE = 110
+BENCH_AGENT = "kvtier-bench"
+SIMULATOR_AGENT = "kvtier-podsim"
+
+
+def log(message: str) -> None:
+    print(f"[{datetime.now(UTC):%H:%M:%S}] {message}", flush=True)
+
+
+# -- objects --------------------------------------------------------------------------------------
+
+
+def pool(name: str, capacity: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "kvtier.io/v1alpha1",
+        "kind": "KVPool",
+        "metadata": {"name": name},
+        "spec": {"capacity": capacity, "storage": {"csi": {"storageClassName": STORAGE_CLASS}}},
+    }
+
+
+def deployment(name: str, pool_name: str, replicas: int) -> dict[str, Any]:
+    """A small deployment (TP 1, 8Gi CPU tier) taking 1Ti per replica (min 256Gi, max 2Ti) from the pool."""
+    return {
+        "apiVersion": "kvtier.io/v1alpha1",
+        "kind": "InferenceDeployment",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "replicas": replicas,
+            "model": {
+                "name": "Qwen/Qwen3-8B",
+                "servedName": name,
+                "architecture": {"layers": 36, "kvHeads": 8, "headDim": 128, "dtype": "bfloat16"},
+            },
+            "engine": {
+                "image": "vllm/vllm-openai:v0.33.0",
+                "tensorParallelSize": 1,
+                "resources": {"requests": {"cpu": "1", "memory": "4Gi"}},
+            },
+            "kvCache": {
+                "mode": "LMCacheMP",
+                "chunkSize": 256,
+                "cpu": {"size": "8Gi"},
+                "storage": {"poolRef": pool_name, "request": "1Ti", "min": "256Gi", "max": "2Ti"},
+            },
+        },
+    }
+
+
+def nodes_for(pods: int) -> list[NodeSpec]:
+    count = max(1, math.ceil(pods / (PODS_PER_NODE - 10)))
+    return [NodeSpec(f"scale-node-{i}", cpu="2000", memory="64Ti", gpus=PODS_PER_NODE) for i in range(count)]
+
+
+def make_ground(kind: str, pods: int) -> SimulatedCluster:
+    engines = KvsimEngines(None, fallback=stub_engine, trace_dir=None, default_load=None)
+    if kind == "real":
+        from kvtier.testing.realcluster import ControlPlaneCluster
+
+        return ControlPlaneCluster(nodes_for(pods), engine_factory=engines)
+    return EmbeddedCluster(nodes_for(pods), engine_factory=engines, validate_builtins=True)
+
+
+# -- the operator process -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ProcessSample:
+    at: float
+    cpu_seconds: float
+    rss_bytes: int
+
+
+def sample(pid: int) -> ProcessSample:
+    ticks = os.sysconf("SC_CLK_TCK")
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime (fields 14 and 15 of proc(5))
+    rss = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) * 1024
+    return ProcessSample(time.monotonic(), cpu, rss)
+
+
+def start_operator(
+    kubeconfig: Path, metrics_port: int, args: argparse.Namespace, logfile: Path
+) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable,
+        "-m",
+        "kvtier",
+        "run",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--metrics-port",
+        str(metrics_port),
+        "--resync-seconds",
+        str(args.resync),
+        "--scrape-interval",
+        str(args.scrape_interval),
+        "--status-interval",
+        str(args.status_interval),
+    ]
+    with logfile.open("wb") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
+
+
+async def operator_metrics(port: int) -> str:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as reply:
+        return await reply.text()
+
+
+# -- Prometheus text ------------------------------------------------------------------------------
+
+
+def parse_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of one metric family (`name` exactly) as (labels, value)."""
+    found = []
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if "{" in head:
+            metric, _, rest = head.partition("{")
+            labels = dict(
+                part.split("=", 1) for part in _split_labels(rest.rstrip("}")) if "=" in part
+            )  # values quoted
+            labels = {k: v.strip('"') for k, v in labels.items()}
+        else:
+            metric, labels = head, {}
+        if metric == name:
+            found.append((labels, float(value)))
+    return found
+
+
+def _split_labels(text: str) -> list[str]:
+    parts, current, quoted = [], "", False
+    for char in text:
+        if char == '"':
+            quoted = not quoted
+        if char == "," and not quoted:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    if current:
+        parts.append(current)
+    return parts
+
+
+def request_counts(text: str) -> Counter[tuple[str, str]]:
+    """apiserver_request_total by (verb, resource[/subresource])."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for labels, value in parse_samples(text, "apiserver_request_total"):
+        resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+        counts[(labels.get("verb", "").lower(), resource)] += value
+    return counts
+
+
+def histogram_quantiles(before: str, after: str, name: str, quantiles: tuple[float, ...]) -> list[float | None]:
+    """Quantiles of a histogram's increments between two scrapes (all label sets summed)."""
+
+    def buckets(text: str) -> dict[float, float]:
+        totals: dict[float, float] = {}
+        for labels, value in parse_samples(text, name + "_bucket"):
+            bound = float(labels["le"])
+            totals[bound] = totals.get(bound, 0.0) + value
+        return totals
+
+    start, end = buckets(before), buckets(after)
+    bounds = sorted(end)
+    cumulative = [end[b] - start.get(b, 0.0) for b in bounds]
+    total = cumulative[-1] if cumulative else 0.0
+    result: list[float | None] = []
+    for q in quantiles:
+        if total <= 0:
+            result.append(None)
+            continue
+        rank = q * total
+        previous_bound, previous_count = 0.0, 0.0
+        for bound, count in zip(bounds, cumulative, strict=True):
+            if count >= rank:
+                if math.isinf(bound):
+                    result.append(previous_bound)
+                else:
+                    share = (rank - previous_count) / (count - previous_count) if count > previous_count else 1.0
+                    result.append(previous_bound + (bound - previous_bound) * share)
+                break
+            previous_bound, previous_count = bound, count
+    return result
+
+
+# -- one size -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    ground: str
+    pools: int
+    deployments: int
+    replicas: int
+    phases: dict[str, float] = field(default_factory=dict)
+    converged: bool = False
+    converge_seconds: float | None = None
+    ready_at_end: int = 0
+    cpu_share_mean: float | None = None
+    cpu_share_max: float | None = None
+    rss_start_mib: float | None = None
+    rss_end_mib: float | None = None
+    rss_max_mib: float | None = None
+    api_rps: float | None = None
+    api_rps_by_verb_resource: dict[str, float] = field(default_factory=dict)
+    lists_in_steady_state: float | None = None
+    status_writes_per_minute: float | None = None
+    scrape_p50_ms: float | None = None
+    scrape_p99_ms: float | None = None
+    rebalance_round_ms: float | None = None
+    attribution: str = ""
+
+
+def kv_ready(body: dict[str, Any]) -> bool:
+    status = body.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    return ready and bool(status.get("kv"))
+
+
+async def create_all(kube: KubeClient, bodies: list[tuple[Any, dict[str, Any]]], concurrency: int = 16) -> None:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(resource: Any, body: dict[str, Any]) -> None:
+        async with gate:
+            for attempt in range(20):
+                try:
+                    await kube.create(resource, body)
+                    return
+                except APIError as error:
+                    if error.status == 409:
+                        return
+                    if error.status < 500 and error.status != 429:
+                        raise
+                await asyncio.sleep(0.5 * (attempt + 1))
+
+    await asyncio.gather(*(one(resource, body) for resource, body in bodies))
+
+
+async def count_ready(kube: KubeClient) -> int:
+    items = (await kube.list(INFERENCEDEPLOYMENTS, NAMESPACE))["items"]
+    return sum(kv_ready(item) for item in items)
+
+
+async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Result:
+    result = Result(args.ground, min(args.pools, deployments), deployments, args.replicas)
+    pods = deployments * args.replicas
+    started = time.monotonic()
+    cluster = make_ground(args.ground, pods)
+    operator: subprocess.Popen[bytes] | None = None
+    paused = False
+    try:
+        await cluster.start()
+        assert cluster.kube is not None and cluster.simulator is not None
+        cluster.simulator.resync = args.sim_resync
+        cluster.simulator.probe_periods = True  # readiness probed once per periodSeconds, as kubelets do
+        result.phases["ground up"] = time.monotonic() - started
+        connection_kube = cluster.kube
+        kube = await KubeClient(connection_kube.connection, user_agent=BENCH_AGENT).open()
+        try:
+            await kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+            await kube.create(
+                NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kvtier-system"}}
+            )
+            await kube.create(
+                STORAGECLASSES,
+                {
+                    "apiVersion": "storage.k8s.io/v1",
+                    "kind": "StorageClass",
+                    "metadata": {"name": STORAGE_CLASS},
+                    "provisioner": "csi.example.com",
+                    "reclaimPolicy": "Delete",
+                    "allowVolumeExpansion": True,
+                },
+            )
+            phase = time.monotonic()
+            metrics_port = free_port()
+            operator = start_operator(cluster.kubeconfig, metrics_port, args, out / f"operator-{deployments}.log")
+            deadline = time.monotonic() + 120
+            while True:
+                with contextlib.suppress(OSError, Exception):
+                    await operator_metrics(metrics_port)
+                    break
+                if operator.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the operator did not start; see {out / f'operator-{deployments}.log'}")
+                await asyncio.sleep(0.5)
+            result.phases["operator up"] = time.monotonic() - phase
+            log(f"operator pid {operator.pid}, metrics on :{metrics_port}")
+
+            phase = time.monotonic()
+            capacity_ti = math.ceil(deployments / result.pools) * args.replicas * 2  # room for every max
+            pools = [pool(f"pool-{i}", f"{capacity_ti}Ti") for i in range(result.pools)]
+            bodies: list[tuple[Any, dict[str, Any]]] = [(KVPOOLS, body) for body in pools]
+            bodies += [
+                (INFERENCEDEPLOYMENTS, deployment(f"m-{i:04d}", f"pool-{i % result.pools}", args.replicas))
+                for i in range(deployments)
+            ]
+            await create_all(kube, bodies)
+            result.phases["create"] = time.monotonic() - phase
+            log(f"created {result.pools} pools and {deployments} deployments in {result.phases['create']:.1f} s")
+
+            ready = 0
+            while time.monotonic() - phase < args.timeout:
+                try:
+                    ready = await count_ready(kube)
+                except APIError as error:
+                    log(f"poll failed: {error}")
+                if ready == deployments:
+                    result.converged = True
+                    break
+                simulator = cluster._simulator_task
+                if simulator is not None and simulator.done():
+                    raise RuntimeError(f"the pod simulator stopped: {simulator.exception()!r}")
+                log(f"  {ready}/{deployments} Ready with status.kv, {time.monotonic() - phase:.0f} s")
+                await asyncio.sleep(args.poll)
+            result.ready_at_end = ready
+            result.converge_seconds = time.monotonic() - phase
+            result.phases["converge"] = result.converge_seconds
+            log(
+                f"{'converged' if result.converged else 'NOT converged'}: {ready}/{deployments} in "
+                f"{result.converge_seconds:.1f} s"
+            )
+
+            # Steady state: nothing from this script while the window runs.
+            phase = time.monotonic()
+            server = cluster.server
+            api_before = await kube.request("GET", "/metrics") if server is None else ""
+            ops_before = await operator_metrics(metrics_port)
+            window_start_wall = time.time()
+            samples = [sample(operator.pid)]
+            while time.monotonic() - phase < args.steady:
+                await asyncio.sleep(min(args.scrape_interval, max(0.1, args.steady - (time.monotonic() - phase))))
+                samples.append(sample(operator.pid))
+            window = samples[-1].at - samples[0].at
+            window_end_wall = time.time()
+            ops_after = await operator_metrics(metrics_port)
+            api_after = await kube.request("GET", "/metrics") if server is None else ""
+            result.phases["steady window"] = time.monotonic() - phase
+
+            shares = [
+                (b.cpu_seconds - a.cpu_seconds) / (b.at - a.at) for a, b in zip(samples, samples[1:], strict=False)
+            ]
+            result.cpu_share_mean = (samples[-1].cpu_seconds - samples[0].cpu_seconds) / window
+            result.cpu_share_max = max(shares) if shares else None
+            rss = [s.rss_bytes / 2**20 for s in samples]
+            result.rss_start_mib, result.rss_end_mib, result.rss_max_mib = rss[0], rss[-1], max(rss)
+            p50, p99 = histogram_quantiles(ops_before, ops_after, "kvtier_scrape_duration_seconds", (0.5, 0.99))
+            result.scrape_p50_ms = p50 * 1000 if p50 is not None else None
+            result.scrape_p99_ms = p99 * 1000 if p99 is not None else None
+
+            by: Counter[tuple[str, str]] = Counter()
+            if server is not None:
+                for record in server.requests.records:
+                    if not window_start_wall <= record.time <= window_end_wall:
+                        continue
+                    if record.user_agent in (BENCH_AGENT, SIMULATOR_AGENT):
+                        continue
+                    resource = (record.resource or record.path) + (
+                        f"/{record.subresource}" if record.subresource else ""
+                    )
+                    by[(record.verb, resource)] += 1
+                result.attribution = "request log, every client but the pod simulator and the bench"
+                rates = {key: count / window for key, count in by.items()}
+            else:
+                total = request_counts(api_after)
+                total.subtract(request_counts(api_before))
+                phase = time.monotonic()
+                os.kill(operator.pid, signal.SIGSTOP)
+                paused = True
+                others_before = await kube.request("GET", "/metrics")
+                pause_start = time.monotonic()
+                await asyncio.sleep(args.pause)
+                others_after = await kube.request("GET", "/metrics")
+                pause = time.monotonic() - pause_start
+                os.kill(operator.pid, signal.SIGCONT)
+                paused = False
+                others = request_counts(others_after)
+                others.subtract(request_counts(others_before))
+                result.phases["others' baseline"] = time.monotonic() - phase
+                keys = set(total) | set(others)
+                rates = {
+                    key: total[key] / window - max(others[key], 0) / pause
+                    for key in keys
+                    if total[key] / window - max(others[key], 0) / pause > 0.005
+                }
+                result.attribution = (
+                    f"apiserver_request_total over the window minus the rate of the {pause:.0f} s after it "
+                    "with the operator stopped (SIGSTOP): the pod simulator, controllers, scheduler, the bench"
+                )
+            result.api_rps_by_verb_resource = {
+                f"{verb} {resource}": round(rate, 3)
+                for (verb, resource), rate in sorted(rates.items(), key=lambda kv: -kv[1])
+                if rate > 0
+            }
+            result.api_rps = sum(rate for rate in rates.values() if rate > 0)
+            result.lists_in_steady_state = sum(rate for (verb, _), rate in rates.items() if verb == "list")
+            writes = sum(
+                rate
+                for (verb, resource), rate in rates.items()
+                if verb in ("patch", "update", "apply")
+                and resource in ("kvpools/status", "inferencedeployments/status")
+            )
+            result.status_writes_per_minute = writes * 60
+        finally:
+            await kube.close()
+    finally:
+        if operator is not None:
+            if paused:
+                os.kill(operator.pid, signal.SIGCONT)
+            operator.terminate()
+            try:
+                operator.wait(30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait(10)
+        phase = time.monotonic()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(cluster.stop(), 120)
+        plane = getattr(cluster, "control_plane", None)
+        if plane is not None:  # stopped already unless the teardown ran out of time
+            await asyncio.to_thread(plane.stop)
+        result.phases["teardown"] = time.monotonic() - phase
+    return result
+
+
+# -- the rebalance round --------------------------------------------------------------------------
+
+
+def rebalance_round_ms(members: int = 100, repeats: int = 5) -> float:
+    """Median wall time of `plan_round` for one pool of `members` deployments (synthetic, empty demand book)."""
+    from kvtier.api.kvpool import KVPool, KVPoolStatus
+    from kvtier.rebalance.demand import DemandBook
+    from kvtier.rebalance.round import plan_round
+
+    body = pool("bench-pool", f"{members * 4}Ti")
+    body["metadata"]["uid"] = str(uuid.uuid4())
+    kvpool = KVPool.model_validate(body)
+    bodies, allocations = [], []
+    for i in range(members):
+        deployment_body = deployment(f"m-{i:04d}", "bench-pool", 2)
+        deployment_body["metadata"].update(uid=str(uuid.uuid4()), generation=1)
+        bodies.append(deployment_body)
+        allocations.append(
+            {
+                "namespace": NAMESPACE,
+                "name": deployment_body["metadata"]["name"],
+                "uid": deployment_body["metadata"]["uid"],
+                "replicas": 2,
+                "quota": "1Ti",
+            }
+        )
+    status = KVPoolStatus.model_validate({"allocations": allocations})
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        plan_round(kvpool, status, bodies, DemandBook(stale_seconds=60), time.time(), None, datetime.now(UTC))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def print_table(results: list[Result]) -> None:
+    header = (
+        f"{'deploy':>6} {'pods':>6} {'converge s':>10} {'ready':>9} {'cpu mean':>8} {'cpu max':>8} "
+        f"{'rss MiB':>15} {'api rps':>8} {'LIST/s':>7} {'status w/min':>12} {'scrape p50/p99 ms':>17}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        print(
+            f"{r.deployments:>6} {r.deployments * r.replicas:>6} {fmt(r.converge_seconds):>10} "
+            f"{f'{r.ready_at_end}/{r.deployments}':>9} {fmt((r.cpu_share_mean or 0) * 100):>7}% "
+            f"{fmt((r.cpu_share_max or 0) * 100):>7}% "
+            f"{f'{fmt(r.rss_start_mib, 0)}->{fmt(r.rss_end_mib, 0)}':>15} {fmt(r.api_rps, 2):>8} "
+            f"{fmt(r.lists_in_steady_state, 2):>7} {fmt(r.status_writes_per_minute):>12} "
+            f"{f'{fmt(r.scrape_p50_ms)}/{fmt(r.scrape_p99_ms)}':>17}"
+        )
+    for r in results:
+        print(f"\n{r.deployments} deployments: phases " + ", ".join(f"{k} {v:.1f} s" for k, v in r.phases.items()))
+        print(f"  API requests/s by verb and resource ({r.attribution}):")
+        for key, rate in list(r.api_rps_by_verb_resource.items())[:15]:
+            print(f"    {rate:8.3f}  {key}")
+
+
+def plot(results: list[Result], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r.deployments for r in results]
+    series = [
+        ("converge (s)", [r.converge_seconds for r in results]),
+        ("operator CPU (% of a core)", [(r.cpu_share_mean or 0) * 100 for r in results]),
+        ("operator RSS max (MiB)", [r.rss_max_mib for r in results]),
+        ("operator API requests/s", [r.api_rps for r in results]),
+        ("status writes/min", [r.status_writes_per_minute for r in results]),
+        ("scrape p99 (ms)", [r.scrape_p99_ms for r in results]),
+    ]
+    figure, axes = plt.subplots(2, 3, figsize=(13, 7))
+    for axis, (title, values) in zip(axes.flat, series, strict=True):
+        axis.plot(sizes, [v if v is not None else float("nan") for v in values], marker="o")
+        axis.set_title(title)
+        axis.set_xlabel("InferenceDeployments")
+        axis.grid(True, alpha=0.3)
+    ground, replicas = results[0].ground, results[0].replicas
+    figure.suptitle(f"kvtier at scale ({ground} ground, {replicas} replicas per deployment)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ground", choices=["real", "embedded"], default="real")
+    parser.add_argument("--pools", type=int, default=10)
+    parser.add_argument("--deployments", type=int, default=1000)
+    parser.add_argument("--sizes", default=None, help="Comma-separated deployment counts (overrides --deployments).")
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--steady", type=float, default=600.0, help="Seconds of steady state measured.")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="Most seconds to wait for convergence.")
+    parser.add_argument("--pause", type=float, default=60.0, help="Real ground: seconds of others' baseline.")
+    parser.add_argument("--poll", type=float, default=5.0, help="Seconds between convergence checks.")
+    parser.add_argument("--scrape-interval", type=float, default=15.0)
+    parser.add_argument("--resync", type=float, default=10.0)
+    parser.add_argument("--status-interval", type=float, default=30.0)
+    parser.add_argument(
+        "--sim-resync", type=float, default=2.0, help="Seconds between the pod simulator's passes (readiness probes)."
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scale")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else [args.deployments]
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    total = time.monotonic()
+    results = []
+    for size in sizes:
+        log(f"== {size} deployments x {args.replicas} replicas on the {args.ground} ground")
+        result = asyncio.run(run_size(args, size, args.out))
+        results.append(result)
+        print_table([result])  # each size as it ends (a long series may be cut short)
+        (args.out / f"scale-{args.ground}-{size}.json").write_text(json.dumps(asdict(result), indent=2))
+    phase = time.monotonic()
+    round_ms = rebalance_round_ms()
+    for result in results:
+        result.rebalance_round_ms = round_ms
+    print()
+    print_table(results)
+    print(
+        f"\nrebalance round, 100-deployment pool (plan_round, synthetic input): {round_ms:.1f} ms "
+        f"(timed in {time.monotonic() - phase:.1f} s)"
+    )
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    data = args.out / f"scale-{args.ground}-{stamp}.json"
+    data.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    figure = args.out / f"scale-{args.ground}-{stamp}.png"
+    plot(results, figure)
+    print(f"results: {data}\nplot: {figure}\ntotal wall time {time.monotonic() - total:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
