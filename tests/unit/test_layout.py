@@ -58,18 +58,10 @@ def test_every_silenced_finding_says_why():
 
 #: The most lines a module of `operator/` may have (issue #19: past it, split the module along a seam).
 MAX_MODULE_LINES = 500
-#: Modules other branches are splitting (issue #19); the lead empties this set when those branches merge.
-SPLIT_ELSEWHERE = {
-    "operator/kvtier/testing/apiserver/core.py",
-    "operator/kvtier/sim/server.py",
-}
 
 
 def test_no_module_in_operator_is_over_500_lines():
     lengths = {
         str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in (ROOT / "operator").rglob("*.py")
     }
-    too_long = sorted(f"{name}: {lines} lines" for name, lines in lengths.items() if lines > MAX_MODULE_LINES)
-    assert [entry for entry in too_long if entry.split(":")[0] not in SPLIT_ELSEWHERE] == []
-    # An exception that no longer needs the allowance (split, or gone) is dropped from SPLIT_ELSEWHERE.
-    assert sorted(name for name in SPLIT_ELSEWHERE if lengths.get(name, 0) <= MAX_MODULE_LINES) == []
+    assert sorted(f"{name}: {lines} lines" for name, lines in lengths.items() if lines > MAX_MODULE_LINES) == []
