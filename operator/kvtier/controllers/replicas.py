@@ -1,10 +1,11 @@
 """Whether replicas that are not Ready are still starting, or in trouble (pure: pods in, words out).
 
 A normal start (scheduling, waiting for a volume to bind, pulling the image, loading the model,
-waiting for the storage quota) is not trouble: the deployment's Ready condition is False with reason `ReplicasStarting` and a
-Normal Event. It becomes `ReplicasNotReady`, a Warning, as soon as a pod fails (a crash loop, an
-image that cannot be pulled, a pod that cannot be scheduled, a container that exited with an
-error), or once Ready has been False for longer than the grace period.
+waiting for the storage quota) is not trouble: the deployment's Ready condition is False with
+reason `ReplicasStarting` and a Normal Event. It becomes `ReplicasNotReady`, a Warning, as soon
+as a pod fails (a crash loop, an image that cannot be pulled, a pod that cannot be scheduled, a
+container that exited with an error), or once Ready has been False for longer than the grace
+period.
 """
 
 from __future__ import annotations
