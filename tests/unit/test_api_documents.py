@@ -43,3 +43,32 @@ def test_keys_are_strings_as_in_json():
 def test_merge_keys_still_work():
     [document] = load_all("base: &b {a: 1}\nuse: {<<: *b, c: 2}\n")
     assert document["use"] == {"a": 1, "c": 2}
+
+
+@pytest.mark.parametrize(
+    ("replicas", "expected"),
+    [
+        (2, []),
+        (None, []),
+        (-1, [".spec.replicas: Invalid value: -1: should be a non-negative integer"]),
+        (2**31, [".spec.replicas: Invalid value: 2147483648: should be less than or equal to 2147483647"]),
+        (
+            "two",
+            [
+                ".spec.replicas: Invalid value: 0: .spec.replicas accessor error: two is of the type string, expected int64"
+            ],
+        ),
+        (
+            1.5,
+            [
+                ".spec.replicas: Invalid value: 0: .spec.replicas accessor error: 1.5 is of the type float64, expected int64"
+            ],
+        ),
+    ],
+)
+def test_the_scale_subresource_checks_the_replica_count_as_apiextensions_does(replicas, expected):
+    from kvtier.api.schema import scale_errors
+
+    body = {"spec": {} if replicas is None else {"replicas": replicas}}
+    assert [str(error) for error in scale_errors(".spec.replicas", body)] == expected
+    assert scale_errors(None, body) == []

@@ -98,10 +98,16 @@ def _describe(error: BaseException) -> str:
 
 
 class RuleFailure(NamedTuple):
-    """A failed rule: the field it blames (`fieldPath` if the rule names one) and its message."""
+    """A failed rule: the field it blames (`fieldPath` if the rule names one) and its message.
+
+    A rule that could not be evaluated blames the node it is written on, whatever its `fieldPath`, and
+    shows the node's type as the value (`spec: Invalid value: "object": <error> evaluating rule: <message>`),
+    as kube-apiserver does; `value_type` is that type then.
+    """
 
     field: str
     message: str
+    value_type: str | None = None
 
 
 def _join(path: str, part: str | int) -> str:
@@ -129,18 +135,21 @@ def validate_rules(schema: dict[str, Any], obj: Any, old: Any = None, *, path: s
         if "oldSelf" in rule and old is None:
             continue
         field = _join_field_path(path, entry["fieldPath"]) if entry.get("fieldPath") else path
+        message = entry.get("message") or f"failed rule: {rule}"
+        result: Any
         try:
             activation = {"self": celpy.json_to_cel(obj)}
             if old is not None:
                 activation["oldSelf"] = celpy.json_to_cel(old)
             result = compile_rule(rule).evaluate(activation)
-        except Exception as error:
-            failures.append(RuleFailure(field, f"rule evaluation error: {rule}: {_describe(error)}"))
-            continue
-        if isinstance(result, celpy.CELEvalError):
-            failures.append(RuleFailure(field, f"rule evaluation error: {rule}: {_describe(result)}"))
+        except Exception as error:  # cel-python raises some evaluation errors instead of returning them
+            result = error
+        if isinstance(result, Exception):
+            failures.append(
+                RuleFailure(path, f"{_describe(result)} evaluating rule: {message}", schema.get("type", "object"))
+            )
         elif not bool(result):
-            failures.append(RuleFailure(field, entry.get("message") or f"failed rule: {rule}"))
+            failures.append(RuleFailure(field, message))
     if isinstance(obj, dict):
         properties = schema.get("properties", {})
         extra = schema.get("additionalProperties")

@@ -13,7 +13,14 @@ from kvtier.api.common import (
 )
 from kvtier.api.errors import FieldProblem
 from kvtier.api.rules import Rule, cel_literal, cel_rules
-from kvtier.api.units import MAX_QUANTITY_LENGTH, RESOURCE_QUANTITY_PATTERN, Duration, Quantity, quantity_value
+from kvtier.api.units import (
+    MAX_QUANTITY_LENGTH,
+    RESOURCE_QUANTITY_PATTERN,
+    Duration,
+    Quantity,
+    quantity_value,
+    unless_malformed,
+)
 
 #: Bytes per element of the KV cache for each dtype vLLM stores KV in.
 KV_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
@@ -194,7 +201,7 @@ class CPUTier(KubeModel):
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
             Rule(
-                "quantity(string(self.size)).isGreaterThan(quantity('0'))",
+                unless_malformed("quantity(string(self.size)).isGreaterThan(quantity('0'))", quantities=("self.size",)),
                 "size must be greater than zero",
                 field_path=".size",
             ),
@@ -233,12 +240,20 @@ class StorageTier(KubeModel):
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
             Rule(
-                "!has(self.min) || quantity(string(self.min)).compareTo(quantity(string(self.request))) <= 0",
+                "!has(self.min) || "
+                + unless_malformed(
+                    "quantity(string(self.min)).compareTo(quantity(string(self.request))) <= 0",
+                    quantities=("self.min", "self.request"),
+                ),
                 _MIN_LE_REQUEST,
                 field_path=".min",
             ),
             Rule(
-                "!has(self.max) || quantity(string(self.request)).compareTo(quantity(string(self.max))) <= 0",
+                "!has(self.max) || "
+                + unless_malformed(
+                    "quantity(string(self.request)).compareTo(quantity(string(self.max))) <= 0",
+                    quantities=("self.request", "self.max"),
+                ),
                 _REQUEST_LE_MAX,
                 field_path=".max",
             ),
@@ -322,7 +337,10 @@ class SLOSpec(KubeModel):
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
             Rule(
-                "!has(self.ttftP50) || !has(self.ttftP99) || duration(self.ttftP50) <= duration(self.ttftP99)",
+                "!has(self.ttftP50) || !has(self.ttftP99) || "
+                + unless_malformed(
+                    "duration(self.ttftP50) <= duration(self.ttftP99)", durations=("self.ttftP50", "self.ttftP99")
+                ),
                 "ttftP50 must not exceed ttftP99",
                 field_path=".ttftP50",
             ),

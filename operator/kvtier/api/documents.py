@@ -145,6 +145,20 @@ def crd_schemas() -> dict[str, dict[str, Any]]:
     }
 
 
+@functools.cache
+def crd_replicas_paths() -> dict[str, str | None]:
+    """Where each kind's scale subresource keeps its replica count (`.spec.replicas`), None without one."""
+    from kvtier.api.crd import build_crds
+
+    return {
+        crd["spec"]["names"]["kind"]: crd["spec"]["versions"][0]
+        .get("subresources", {})
+        .get("scale", {})
+        .get("specReplicasPath")
+        for crd in build_crds().values()
+    }
+
+
 def admit(body: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
     """The kvtier object (`kind` known) as the API server would store it (numbers decoded, nulls and unknown
     fields dropped, defaults applied), and what it refuses in it: its 422's causes, and unknown fields."""
@@ -160,7 +174,8 @@ def admit(body: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
         # The server names the object (generateName + 5 characters) before it validates it.
         body = {**body, "metadata": {**metadata, "name": metadata["generateName"] + "x" * 5}}
     found = metadata_errors(body.get("metadata"), namespaced=model is InferenceDeployment)
-    stored, errors, unknown = process_custom(crd_schemas()[body["kind"]], body, None, found)
+    kind = body["kind"]
+    stored, errors, unknown = process_custom(crd_schemas()[kind], body, None, found, crd_replicas_paths()[kind])
     if isinstance(metadata, dict):
         stored["metadata"] = metadata  # as written: a generated name is the server's business
     return stored, [Problem(path, "unknown field") for path in unknown] + [

@@ -17,7 +17,7 @@ from kvtier.api.common import (
 )
 from kvtier.api.errors import FieldProblem
 from kvtier.api.rules import Rule, cel_rules
-from kvtier.api.units import Duration, Quantity
+from kvtier.api.units import Duration, Quantity, unless_malformed
 
 #: NVMe Qualified Name: `nqn.<yyyy-mm>.<reverse domain>[:<anything>]`, at most 223 bytes (NVMe base spec 4.5).
 NQN_PATTERN = r"^nqn\.[0-9]{4}-(0[1-9]|1[0-2])\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*(:.+)?$"
@@ -201,7 +201,8 @@ class RebalanceSpec(KubeModel):
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
             Rule(
-                "!has(self.interval) || duration(self.interval) >= duration('1s')",
+                "!has(self.interval) || "
+                + unless_malformed("duration(self.interval) >= duration('1s')", durations=("self.interval",)),
                 "interval must be at least 1s",
                 field_path=".interval",
             ),
@@ -235,7 +236,8 @@ class RecommendationSpec(KubeModel):
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
             Rule(
-                "!has(self.interval) || duration(self.interval) >= duration('1s')",
+                "!has(self.interval) || "
+                + unless_malformed("duration(self.interval) >= duration('1s')", durations=("self.interval",)),
                 "interval must be at least 1s",
                 field_path=".interval",
             ),
@@ -282,7 +284,9 @@ class KVPoolSpec(KubeModel):
     model_config = ConfigDict(
         json_schema_extra=cel_rules(
             Rule(
-                "quantity(string(self.capacity)).isGreaterThan(quantity('0'))",
+                unless_malformed(
+                    "quantity(string(self.capacity)).isGreaterThan(quantity('0'))", quantities=("self.capacity",)
+                ),
                 "capacity must be greater than zero",
                 field_path=".capacity",
             ),

@@ -365,9 +365,36 @@ def cel_errors(schema: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] 
     from kvtier.api.cel import validate_rules
 
     return [
-        FieldError(path, "Invalid value", message, _value_at(obj, path))
-        for path, message in validate_rules(schema, obj, old)
+        FieldError(failure.field, "Invalid value", failure.message, failure.value_type or _value_at(obj, failure.field))
+        for failure in validate_rules(schema, obj, old)
     ]
+
+
+def scale_errors(spec_replicas_path: str | None, obj: dict[str, Any]) -> list[FieldError]:
+    """The scale subresource's check of a create or update (apiextensions-apiserver's `ValidateScaleSpec`):
+    the replica count at `specReplicasPath` (as written there, `.spec.replicas`) is a non-negative int32."""
+    if not spec_replicas_path:
+        return []
+    value: Any = obj
+    for part in spec_replicas_path.lstrip(".").split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if value is None:
+        return []
+    if isinstance(value, bool) or not isinstance(value, int):
+        type_name = {
+            str: "string",
+            float: "float64",
+            bool: "bool",
+            list: "[]interface {}",
+            dict: "map[string]interface {}",
+        }
+        detail = f"{spec_replicas_path} accessor error: {value} is of the type {type_name.get(type(value), 'unknown')}, expected int64"
+        return [FieldError(spec_replicas_path, "Invalid value", detail, 0)]
+    if value < 0:
+        return [FieldError(spec_replicas_path, "Invalid value", "should be a non-negative integer", value)]
+    if value > 2**31 - 1:
+        return [FieldError(spec_replicas_path, "Invalid value", f"should be less than or equal to {2**31 - 1}", value)]
+    return []
 
 
 def _has_rules(schema: Any) -> bool:
@@ -403,12 +430,14 @@ def process_custom(
     obj: dict[str, Any],
     old: dict[str, Any] | None,
     earlier: Sequence[FieldError] = (),
+    spec_replicas_path: str | None = None,
 ) -> tuple[dict[str, Any], list[FieldError], list[str]]:
     """Prune, default and validate a custom resource: (new object, errors, pruned field paths).
 
-    As the server's `customResourceStrategy.Validate`, the CEL rules run unless an error so far
-    (`earlier`: the metadata checks', then the schema's) is a blocking one (`blocks_rules`); then one
-    fieldless error says they were skipped. Bounds, patterns and duplicates do not block them.
+    As the server's `customResourceStrategy.Validate`: the schema, then the scale subresource's replica
+    count (`spec_replicas_path`, for kinds that have one), then the CEL rules unless an error so far
+    (`earlier`: the metadata checks', then these) is a blocking one (`blocks_rules`); then one fieldless
+    error says they were skipped. Bounds, patterns and duplicates do not block them.
     """
     if not schema:
         return obj, [], []
@@ -416,6 +445,7 @@ def process_custom(
     result = prune_and_default(schema, obj, "", unknown)
     errors: list[FieldError] = []
     validate_value({**schema, "type": "object"}, result, "", errors)
+    errors += scale_errors(spec_replicas_path, result)
     if not _has_rules(schema):
         return result, errors, unknown
     if any(blocks_rules(error) for error in [*earlier, *errors]):

@@ -70,11 +70,26 @@ def quantity_value(text: str) -> Decimal:
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE])?$"
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 
+#: Longest duration string accepted (bounds the cost of the CEL rules that read durations).
+MAX_DURATION_LENGTH = 32
 #: A Go duration made of positive parts: `90s`, `5m`, `1h30m`, `1.5h`.
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 _DURATION_RE = re.compile(DURATION_PATTERN)
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _DURATION_UNIT_SECONDS = {"ms": Decimal("0.001"), "s": Decimal(1), "m": Decimal(60), "h": Decimal(3600)}
+
+
+def unless_malformed(rule: str, *, quantities: tuple[str, ...] = (), durations: tuple[str, ...] = ()) -> str:
+    """`rule` behind a CEL guard: it holds when any of the named fields is not well formed (that field's
+    own rule or pattern refuses it), so `quantity()` and `duration()` only ever see what they can read.
+
+    Unguarded, kube-apiserver reports a malformed value twice (its field's error, and the rule's evaluation
+    error on the node), and `quantity('1e99999999999')` parses to a number of a billion digits whose
+    comparison outlasts the request (a Timeout instead of a 422; found on the real control plane).
+    """
+    checks = [f"string({q}).matches({cel_literal(QUANTITY_PATTERN)})" for q in quantities]
+    checks += [f"{d}.matches({cel_literal(DURATION_PATTERN)})" for d in durations]
+    return f"!({' && '.join(checks)}) || {rule}" if checks else rule
 
 
 def parse_quantity(value: Any) -> int:
@@ -129,6 +144,8 @@ def parse_duration(value: Any) -> float:
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"must be a non-negative duration, got {value}")
         return float(value)
+    if isinstance(value, str) and len(value) > MAX_DURATION_LENGTH:
+        raise ValueError(f"may not be more than {MAX_DURATION_LENGTH} bytes")
     if not isinstance(value, str) or not _DURATION_RE.match(value.strip()):
         raise ValueError(f"{value!r} is not a duration such as 60s, 5m or 1h30m")
     try:
@@ -176,7 +193,7 @@ Duration = Annotated[
     float,
     BeforeValidator(parse_duration),
     PlainSerializer(format_duration, return_type=str, when_used="json"),
-    WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN}),
+    WithJsonSchema({"type": "string", "pattern": DURATION_PATTERN, "maxLength": MAX_DURATION_LENGTH}),
 ]
 
 

@@ -418,7 +418,8 @@ class Cluster(ScaleSubresource, Deletion):
         if not rt.custom:
             defaults.apply(rt.storage_key, obj)
         if rt.custom:
-            obj, schema_errors, unknown = process_custom(rt.schema, obj, old, problems)
+            replicas_path = rt.scale.spec_replicas_path if rt.scale else None
+            obj, schema_errors, unknown = process_custom(rt.schema, obj, old, problems, replicas_path)
             problems += schema_errors
         elif self.builtin_validator is not None and not problems:
             schema_errors, unknown_paths = self.builtin_validator.validate(obj)
