@@ -128,16 +128,90 @@ def namespace(cluster, request):
     name = "t-" + re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:6]
     cluster.run(cluster.kube.create(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}))
     yield name
+    if any(
+        getattr(request.node, f"report_{when}", None) and getattr(request.node, f"report_{when}").failed
+        for when in ("setup", "call")
+    ):
+        print(f"\n--- what namespace {name} held when the test failed ---\n{describe_namespace(cluster, name)}")
     cluster.run(cluster.kube.delete(NAMESPACES, None, name))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keeps each phase's report on the item (`report_setup`, `report_call`), for fixtures' teardown to read."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+def describe_namespace(cluster, namespace: str) -> str:
+    """One line per InferenceDeployment condition, pod, claim and Event in `namespace`: why a wait timed out."""
+    from kvtier.kube import EVENTS, INFERENCEDEPLOYMENTS, PERSISTENT_VOLUME_CLAIMS, PODS
+
+    def items(resource):
+        try:
+            return cluster.run(cluster.kube.list(resource, namespace))["items"]
+        except Exception as error:  # a diagnostic never hides the test's own failure
+            return [{"metadata": {"name": f"<cannot list {resource.plural}: {error}>"}}]
+
+    lines = []
+    for infd in items(INFERENCEDEPLOYMENTS):
+        for c in infd.get("status", {}).get("conditions", []):
+            lines.append(
+                f"infd/{infd['metadata']['name']} {c['type']}={c['status']} {c.get('reason')}: {c.get('message')}"
+            )
+    for pod in items(PODS):
+        status = pod.get("status", {})
+        conditions = " ".join(
+            f"{c['type']}={c['status']}" + (f"({c['reason']}: {c.get('message')})" if c.get("reason") else "")
+            for c in status.get("conditions", [])
+        )
+        containers = " ".join(
+            f"{c['name']}:{'ready' if c.get('ready') else 'unready'}" for c in status.get("containerStatuses", [])
+        )
+        lines.append(
+            f"pod/{pod['metadata']['name']} {status.get('phase')} node={pod['spec'].get('nodeName')} "
+            f"{conditions} {containers}"
+        )
+    for claim in items(PERSISTENT_VOLUME_CLAIMS):
+        lines.append(
+            f"pvc/{claim['metadata']['name']} {claim.get('status', {}).get('phase')} "
+            f"volume={claim['spec'].get('volumeName')}"
+        )
+    for event in items(EVENTS)[-20:]:
+        involved = event.get("involvedObject", {})
+        lines.append(
+            f"event {involved.get('kind')}/{involved.get('name')} {event.get('type')} {event.get('reason')}: "
+            f"{event.get('message')}"
+        )
+    return "\n".join(lines) or "(nothing)"
+
+
+#: Waits on the real control plane take this many times longer: its controllers back off and resync on their
+#: own periods (kube-scheduler retries an unschedulable pod after up to 10 s, the PV binder resyncs every 15 s),
+#: where the embedded cluster reacts at once. Set per test by `_ground_wait_factor`.
+REAL_GROUND_WAIT_FACTOR = 2.0
+_wait_factor = 1.0
+
+
+@pytest.fixture(autouse=True)
+def _ground_wait_factor(request):
+    global _wait_factor
+    spec = getattr(request.node, "callspec", None)
+    _wait_factor = REAL_GROUND_WAIT_FACTOR if spec and spec.params.get("cluster") == "real" else 1.0
+    yield
+    _wait_factor = 1.0
+
+
 def wait_for(predicate, *, timeout: float = 20.0, interval: float = 0.1, message: str = "condition"):
-    """Poll `predicate()` until it returns something truthy; fail with `message` after `timeout` seconds."""
+    """Poll `predicate()` until it returns something truthy; fail with `message` after `timeout` seconds
+    (times the ground's wait factor)."""
+    timeout *= _wait_factor
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {message}")
+            pytest.fail(f"timed out after {timeout:g}s waiting for {message}")
         time.sleep(interval)
