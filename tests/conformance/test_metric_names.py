@@ -50,17 +50,33 @@ def registered(engines):
     return found
 
 
-def test_every_name_the_scraper_reads_is_registered(registered):
+def unregistered(read: dict[str, list[str]], registered: set[str]) -> dict[str, list[str]]:
+    """The engine names in `read` (by snapshot field) that the installed packages do not register."""
     missing = {
         field: [
             s
             for s in spellings
             if s.startswith(("vllm:", "lmcache:", "lmcache_mp_")) and s not in LEGACY and s not in registered
         ]
-        for field, spellings in READ.items()
+        for field, spellings in read.items()
     }
-    missing = {field: spellings for field, spellings in missing.items() if spellings}
+    return {field: spellings for field, spellings in missing.items() if spellings}
+
+
+def test_every_name_the_scraper_reads_is_registered(registered):
+    missing = unregistered(READ, registered)
     assert not missing, f"the scraper reads names the installed engines no longer register: {missing}"
+
+
+@pytest.mark.parametrize(
+    "broken",
+    ["vllm:prefix_cache_hit", "lmcache_mp_lookup_hit_tokens_totals", "lmcache:num_hit_token"],
+    ids=["vllm-singular", "mp-misspelled-unit", "lmcache-singular"],
+)
+def test_a_misspelled_name_is_caught(registered, broken):
+    """The check above, shown catching one deliberately broken name per engine face."""
+    field = next(iter(READ))
+    assert unregistered({**READ, field: [*READ[field], broken]}, registered) == {field: [broken]}
 
 
 def test_the_legacy_spellings_are_really_gone_from_vllm_033(registered):
