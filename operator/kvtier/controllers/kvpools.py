@@ -203,11 +203,14 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         with api_errors():
             reclaim = await reclaim_volumes(memo.kube, pool, config.namespace, config.render.wipe_image)
 
-        claims = _claims(pool_deployments.get(body.metadata.name, ()))
         repairs: list[str] = []
 
         def refresh(pool: KVPool, status: KVPoolStatus) -> KVPoolStatus:
-            # The ledger repaired from the deployments that name the pool now (see `ledger.repair`).
+            # The ledger repaired from the deployments that name the pool now (see `ledger.repair`): read from
+            # the live index here, after the pool's status was read, not before the awaits above. A deployment
+            # admitted meanwhile is in the index before its entry can be in the ledger (kopf indexes an event
+            # before its handlers run); a snapshot taken earlier released it as gone (seen on the real ground).
+            claims = _claims(pool_deployments.get(body.metadata.name, ()))
             status, found = repair(pool, status, claims)
             repairs[:] = found
             status = reclaimed(pool, status, reclaim.freed).model_copy(update={"observed_generation": generation})
