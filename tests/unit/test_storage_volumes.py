@@ -1,6 +1,8 @@
 """One definition of a volume's usable size: the volume is sized up by the filesystem's reserve, so
 the quota the ledger grants (at most `max`) is what the engine gets (issue #23, problem 3)."""
 
+from datetime import UTC
+
 import pytest
 import yaml
 
@@ -74,3 +76,20 @@ def test_a_static_round_sees_no_move_when_every_quota_is_its_request():
     members = round_members(kv_pool, KVPoolStatus(allocations=allocations), bodies)
     assert len(members) == 10
     assert all(m.cap == m.request == m.quota == 10 * GI for m in members)
+    # And the round itself: for every policy, no move, so no record (the controller posts Events and writes
+    # status.lastRebalance only from a record) and every quota stays what the ledger holds.
+    from datetime import datetime
+
+    from kvtier.rebalance.demand import DemandBook
+    from kvtier.rebalance.round import plan_round
+
+    status = KVPoolStatus(allocations=allocations)
+    for policy in ("Static", "MarginalGain", "Proportional"):
+        spec = kv_pool.spec.model_copy(
+            update={"rebalance": kv_pool.spec.rebalance.model_copy(update={"policy": policy})}
+        )
+        planned = plan_round(
+            kv_pool.model_copy(update={"spec": spec}), status, bodies, DemandBook(60), 1000.0, None, datetime.now(UTC)
+        )
+        assert planned is not None and planned.record is None, policy
+        assert set(planned.quotas.values()) == {10 * GI}, policy
