@@ -370,6 +370,16 @@ def cel_errors(schema: dict[str, Any], obj: dict[str, Any], old: dict[str, Any] 
     ]
 
 
+#: How Go names the type of a decoded JSON value (`%T` of unstructured content).
+_GO_TYPE_NAMES = {
+    str: "string",
+    float: "float64",
+    bool: "bool",
+    list: "[]interface {}",
+    dict: "map[string]interface {}",
+}
+
+
 def scale_errors(spec_replicas_path: str | None, obj: dict[str, Any]) -> list[FieldError]:
     """The scale subresource's check of a create or update (apiextensions-apiserver's `ValidateScaleSpec`):
     the replica count at `specReplicasPath` (as written there, `.spec.replicas`) is a non-negative int32."""
@@ -381,14 +391,8 @@ def scale_errors(spec_replicas_path: str | None, obj: dict[str, Any]) -> list[Fi
     if value is None:
         return []
     if isinstance(value, bool) or not isinstance(value, int):
-        type_name = {
-            str: "string",
-            float: "float64",
-            bool: "bool",
-            list: "[]interface {}",
-            dict: "map[string]interface {}",
-        }
-        detail = f"{spec_replicas_path} accessor error: {value} is of the type {type_name.get(type(value), 'unknown')}, expected int64"
+        type_name = _GO_TYPE_NAMES.get(type(value), "unknown")
+        detail = f"{spec_replicas_path} accessor error: {value} is of the type {type_name}, expected int64"
         return [FieldError(spec_replicas_path, "Invalid value", detail, 0)]
     if value < 0:
         return [FieldError(spec_replicas_path, "Invalid value", "should be a non-negative integer", value)]
