@@ -37,7 +37,7 @@ import yaml
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 BIN_ENV = "KVTIER_CONTROL_PLANE_BIN"
 #: The cluster's Service network (the apiserver's `kubernetes` Service takes its first address).
-SERVICE_CIDR = "10.96.0.0/24"
+SERVICE_CIDR = "10.96.0.0/16"
 
 
 class ControlPlaneUnavailable(RuntimeError):
