@@ -38,6 +38,7 @@ from kvtier.kube import (
     PODMONITORS,
     SERVICES,
     STATEFULSETS,
+    APIError,
     KubeClient,
     Resource,
 )
@@ -56,6 +57,15 @@ CLAIMS = "PersistentVolumeClaim"
 DIGEST_ANNOTATION = "kvtier.io/applied-digest"
 
 Key = tuple[str, str, str, str | None, str]  # owner namespace, owner name, kind, object namespace, object name
+
+
+class ApplyFailed(Exception):
+    """The API did not take one child's apply (a quota, an admission webhook, a full Service range...)."""
+
+    def __init__(self, child: Mapping[str, Any], error: APIError):
+        self.error = error
+        answer = error.body.get("message") if isinstance(error.body, dict) else str(error.body)[:200]
+        super().__init__(f"{child['kind']} {child['metadata']['name']} was not applied: {error.status} {answer}")
 
 
 def _index_id(kind: str) -> str:
@@ -174,13 +184,20 @@ def key_of(observed: Observed, child: Mapping[str, Any]) -> Key:
 async def apply_children(
     kube: KubeClient, applied: Applied, observed: Observed, children: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    """Apply the children that need it (volumes first, so claims find them); the ones applied."""
+    """Apply the children that need it (volumes first, so claims find them); the ones applied.
+
+    A conflict (409) propagates as it is (a retry resolves it); any other refusal as `ApplyFailed`."""
     done = []
     for child in sorted(children, key=lambda c: c["kind"] != "PersistentVolume"):
         key = key_of(observed, child)
         if not applied.needs_apply(key, child, observed.named(child["kind"], child["metadata"]["name"])):
             continue
-        result = await kube.apply(CHILD_RESOURCES[child["kind"]], child, field_manager=FIELD_MANAGER)
+        try:
+            result = await kube.apply(CHILD_RESOURCES[child["kind"]], child, field_manager=FIELD_MANAGER)
+        except APIError as error:
+            if error.status == 409:
+                raise
+            raise ApplyFailed(child, error) from error
         applied.applied(key, child, result)
         done.append(child)
     return done

@@ -31,6 +31,7 @@ from kvtier.contract import DEPLOYMENT_LABEL, DEPLOYMENT_NAMESPACE_LABEL
 from kvtier.controllers.children import (
     CHILD_RESOURCES,
     Applied,
+    ApplyFailed,
     Observed,
     annotated,
     apply_children,
@@ -53,7 +54,7 @@ from kvtier.kube import (
     APIError,
     KubeClient,
 )
-from kvtier.rebalance.actuator import apply_quotas
+from kvtier.rebalance.actuator import NOT_RUNNING, apply_quotas
 from kvtier.render import (
     NodeResources,
     RenderError,
@@ -195,10 +196,16 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             with api_errors():
                 await step.write(kube)
             raise
+        except ApplyFailed as failure:
+            # Said on the object (and in a Warning Event); retried as the API's answer says (5xx, 403: later).
+            step.stop("Forbidden" if failure.error.status == 403 else "ApplyFailed", str(failure))
+            with api_errors():
+                await step.write(kube)
+                raise failure.error from None
         except kopf.TemporaryError as error:
             if isinstance(error.__cause__, APIError) and error.__cause__.status == 403:
-                # RBAC: say so on the object (the retry goes on: a fixed role heals it without a restart).
-                step.stop("Forbidden", f"the operator is not allowed to: {error.__cause__}")
+                # RBAC or a ResourceQuota: say so on the object (the retry goes on: a fixed role heals it).
+                step.stop("Forbidden", str(error.__cause__))
                 with api_errors():
                     await step.write(kube)
             raise
@@ -335,7 +342,11 @@ async def _reconcile(world: World, body: kopf.Body, nodes: list[NodeResources], 
         results = await apply_quotas(
             kube, world.http, await world.pods(deployment), quota, config.render.lmcache_http_port
         )
-        failed = [f"{r.pod}: {r.detail}" for r in results if not r.applied and r.detail != "not running yet"]
+        failed = [
+            f"{r.pod}: {r.detail}"
+            for r in results
+            if not (r.applied or r.unanswered or r.detail == NOT_RUNNING)  # the next resync retries those
+        ]
         if failed:
             step.condition("Degraded", "True", "QuotaNotApplied", "; ".join(failed))
             raise step.stop("QuotaNotApplied", "; ".join(failed))
