@@ -29,6 +29,10 @@ RAW_BLOCK_HINT = (
     "the lmcache image lacks the raw_block adapter's extension: install "
     "`lmcache-rust-raw-block-io` (pip install --pre 'lmcache-rust-raw-block-io==0.5.7rc2') in it"
 )
+#: The detail of a replica not up yet (skipped, not failed).
+NOT_RUNNING = "not running yet"
+#: How `set_quota` says that the server did not answer in time.
+NO_ANSWER = "no answer"
 #: Quotas are compared at this precision (LMCache keeps `limit_gb` as a float).
 GIB_TOLERANCE = 1e-6
 
@@ -38,6 +42,9 @@ class QuotaResult:
     pod: str
     applied: bool
     detail: str
+    unanswered: bool = False
+    """The server did not answer in time, on a replica whose quota was applied before (its gate is open):
+    it keeps serving with that quota; a resync repeats the call rather than calling the replica failed."""
 
 
 def _container_ready(pod: dict[str, Any], name: str) -> bool:
@@ -82,8 +89,10 @@ async def set_quota(http: aiohttp.ClientSession, address: str, port: int, quota_
             confirmed = await reply.json()
         if abs(float(confirmed.get("limit_gb", -1)) - limit) >= GIB_TOLERANCE:
             return f"GET {url} reads limit_gb={confirmed.get('limit_gb')} after setting {limit}"
-    except (TimeoutError, aiohttp.ClientError, ValueError) as error:
-        return f"{url}: {error or type(error).__name__}"
+    except TimeoutError:
+        return f"{url}: {NO_ANSWER} within {http.timeout.total:g} s"
+    except (aiohttp.ClientError, ValueError) as error:
+        return f"{url}: {str(error) or type(error).__name__}"
     return None
 
 
@@ -117,10 +126,10 @@ async def apply_quotas(
         name = pod["metadata"]["name"]
         address = (pod.get("status") or {}).get("podIP")
         if not address or not _container_ready(pod, container) or pod["metadata"].get("deletionTimestamp"):
-            return QuotaResult(name, False, exit_reason(pod, container) or "not running yet")
+            return QuotaResult(name, False, exit_reason(pod, container) or NOT_RUNNING)
         problem = await set_quota(http, address, port, quota_bytes)
         if problem:
-            return QuotaResult(name, False, problem)
+            return QuotaResult(name, False, problem, unanswered=NO_ANSWER in problem and _gate_open(pod))
         if not _gate_open(pod):
             try:
                 await open_gate(kube, pod, f"limit_gb={gib(quota_bytes):g} on {DEFAULT_SALT}")
