@@ -165,8 +165,8 @@ def test_kvtier_run_wires_simulation_and_peering_into_the_operator(monkeypatch):
 
     seen = []
 
-    async def run_operator(config, liveness_endpoint=None):
-        seen.append(config)
+    async def run_operator(config, liveness_endpoint=None, verbose=False):
+        seen.append((config, verbose))
 
     monkeypatch.setattr(kvtier.controllers, "run_operator", run_operator)
     result = CliRunner().invoke(
@@ -181,11 +181,14 @@ def test_kvtier_run_wires_simulation_and_peering_into_the_operator(monkeypatch):
             "kvtier",
             "--priority",
             "7",
+            "--verbose",
         ],
     )
     assert result.exit_code == 0, result.output
-    (config,) = seen
+    ((config, verbose),) = seen
+    assert verbose
     assert config.render == simulated_options(RenderOptions(probe_image="probe:1"), IMAGE)
     assert (config.peering, config.priority) == ("kvtier", 7)
     result = CliRunner().invoke(main, ["run"])
-    assert seen[-1].render == RenderOptions() and seen[-1].peering is None
+    config, verbose = seen[-1]
+    assert config.render == RenderOptions() and config.peering is None and not verbose

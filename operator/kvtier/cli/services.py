@@ -135,6 +135,11 @@ def probe(**options: Any) -> None:
     help="The operator's own namespace, where released static volumes are wiped (env POD_NAMESPACE).",
 )
 @click.option("--wipe-image", default=None, help="Image of the Jobs that wipe released static volumes.")
+@click.option(
+    "--verbose",
+    is_flag=True,
+    help="Log every success of the periodic passes too (the resync timer's and telemetry's, per deployment).",
+)
 def run(
     kubeconfig: Path | None,
     namespaces: tuple[str, ...],
@@ -154,6 +159,7 @@ def run(
     simulated_engine_image: str | None,
     operator_namespace: str,
     wipe_image: str | None,
+    verbose: bool,
 ) -> None:
     """Run the kvtier operator against a cluster until interrupted."""
     import asyncio
@@ -189,4 +195,4 @@ def run(
         priority=priority,
         namespace=operator_namespace,
     )
-    asyncio.run(run_operator(config, liveness_endpoint=liveness))
+    asyncio.run(run_operator(config, liveness_endpoint=liveness, verbose=verbose))

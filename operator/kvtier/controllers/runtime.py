@@ -7,6 +7,7 @@ let `api_errors` turn API answers into kopf's retry semantics: 409, 429 and 5xx 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -27,6 +28,8 @@ from kvtier.telemetry.report import AlertRules
 
 FIELD_MANAGER = "kvtier"
 FINALIZER = "kvtier.io/finalizer"
+#: Longest wait at exit for reconcile passes still running before the clients close.
+DRAIN_SECONDS = 10.0
 
 M = TypeVar("M", bound=BaseModel)
 H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
@@ -123,7 +126,9 @@ def measured(kind: str, handler: H) -> H:
     @functools.wraps(handler)
     async def wrapper(**kwargs: Any) -> Any:
         metrics = getattr(kwargs.get("memo"), "metrics", None)
-        start, result = time.perf_counter(), "success"
+        running: set[asyncio.Future[None]] = getattr(kwargs.get("memo"), "passes", set())
+        start, result, done = time.perf_counter(), "success", asyncio.get_running_loop().create_future()
+        running.add(done)
         try:
             return await handler(**kwargs)
         except kopf.TemporaryError:
@@ -133,6 +138,8 @@ def measured(kind: str, handler: H) -> H:
             result = "error"
             raise
         finally:
+            done.set_result(None)
+            running.discard(done)
             if metrics is not None:
                 metrics.reconciles.labels(kind=kind, result=result).inc()
                 metrics.reconcile_duration.labels(kind=kind).observe(time.perf_counter() - start)
@@ -141,7 +148,8 @@ def measured(kind: str, handler: H) -> H:
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
-    """Startup (settings, the API client) and login handlers; the client is closed by `register_cleanup`."""
+    """Startup (settings, the API client), login, and the exit's wait for running passes; the client is
+    closed by `register_cleanup`."""
 
     @kopf.on.startup(id="configure", registry=registry)
     async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -157,6 +165,17 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         connection = Connection.from_kubeconfig(str(config.kubeconfig) if config.kubeconfig else None)
         memo.kube = await KubeClient(connection, user_agent="kvtier-operator").open()
         memo.config = config
+        memo.passes = set()
+
+    @kopf.on.cleanup(id="drain-passes", registry=registry)
+    async def drain(memo: kopf.Memo, **_: Any) -> None:
+        """Let the passes still running end before any client closes (registered first, so it runs first).
+
+        At exit kopf leaves a timer's pass running ("orphaned"); without this wait, every one in flight
+        would fail on a closed session and log a traceback on each shutdown of a busy operator."""
+        running = [done for done in getattr(memo, "passes", ()) if not done.done()]
+        if running:
+            await asyncio.wait(running, timeout=DRAIN_SECONDS)
 
     @kopf.on.login(id="login", registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
