@@ -1,5 +1,5 @@
 """Why a replica's quota cannot be applied: the LMCache container's own exit message, the known cause named,
-or a server that does not answer in time."""
+or a server that does not answer in time; and a replica replaced during the call is no failure."""
 
 import asyncio
 
@@ -8,6 +8,37 @@ from aiohttp import web
 
 from kvtier.contract import LMCACHE_CONTAINER, QUOTA_GATE, quota_path
 from kvtier.rebalance.actuator import RAW_BLOCK_MISSING, apply_quotas, exit_reason
+
+
+class PodsNow:
+    """The API's answer to a GET of a pod, as it stands after the quota call (None: deleted)."""
+
+    def __init__(self, pods: dict):
+        self.pods = pods
+
+    async def get_or_none(self, resource, namespace, name):
+        return self.pods.get(name)
+
+
+def replica(name: str, gate: str = "True", uid: str = "u1") -> dict:
+    """A replica whose `lmcache` container is ready at 127.0.0.1."""
+    return {
+        "metadata": {"name": name, "namespace": "team", "uid": uid},
+        "status": {
+            "podIP": "127.0.0.1",
+            "containerStatuses": [{"name": LMCACHE_CONTAINER, "ready": True}],
+            "conditions": [{"type": QUOTA_GATE, "status": gate}],
+        },
+    }
+
+
+async def free_port() -> int:
+    """A port nothing listens on (a server just stopped: its connection is refused)."""
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    return port
 
 
 def pod(name="lmcache", **states):
@@ -41,16 +72,6 @@ def test_a_server_that_does_not_answer_is_said_so_and_spares_a_replica_already_s
         await asyncio.sleep(1)
         return web.json_response({})
 
-    def replica(name: str, gate: str) -> dict:
-        return {
-            "metadata": {"name": name},
-            "status": {
-                "podIP": "127.0.0.1",
-                "containerStatuses": [{"name": LMCACHE_CONTAINER, "ready": True}],
-                "conditions": [{"type": QUOTA_GATE, "status": gate}],
-            },
-        }
-
     async def scenario() -> list:
         app = web.Application()
         app.router.add_route("*", quota_path(), hang)
@@ -62,7 +83,9 @@ def test_a_server_that_does_not_answer_is_said_so_and_spares_a_replica_already_s
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.2)) as http:
                 replicas = [replica("serving-0", "True"), replica("new-1", "False")]
-                return await apply_quotas(None, http, replicas, 2**30, port)  # no gate is opened: no API client
+                return await apply_quotas(
+                    PodsNow({r["metadata"]["name"]: r for r in replicas}), http, replicas, 2**30, port
+                )
         finally:
             await runner.cleanup()
 
@@ -70,3 +93,28 @@ def test_a_server_that_does_not_answer_is_said_so_and_spares_a_replica_already_s
     for result in (serving, new):
         assert not result.applied and result.detail.endswith(f"{quota_path()}: no answer within 0.2 s"), result
     assert serving.unanswered and not new.unanswered
+
+
+def test_a_replica_replaced_during_the_call_is_skipped_and_one_still_serving_is_a_failure():
+    """Raising a volume's size rolls the StatefulSet (the device file is sized at start): the replica the
+    controller deletes refuses the call the same moment. That is its successor's quota, not a failure;
+    a refusal from a replica the API still calls serving is one."""
+    replaced, renamed, deleting, serving = (replica(f"chat-{i}") for i in range(4))
+    now = {
+        "chat-1": {**renamed, "metadata": {**renamed["metadata"], "uid": "u2"}},  # a new pod of the same name
+        "chat-2": {**deleting, "metadata": {**deleting["metadata"], "deletionTimestamp": "2026-12-05T00:00:00Z"}},
+        "chat-3": serving,
+    }  # chat-0 is gone
+
+    async def scenario() -> list:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            return await apply_quotas(
+                PodsNow(now), http, [replaced, renamed, deleting, serving], 2**30, await free_port()
+            )
+
+    *gone, refused = asyncio.run(scenario())
+    for result in gone:
+        assert (
+            result.skipped and not result.applied and result.detail.startswith("stopped serving during the call (")
+        ), result
+    assert not (refused.skipped or refused.unanswered or refused.applied) and "Connect call failed" in refused.detail

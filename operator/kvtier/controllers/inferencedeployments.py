@@ -54,7 +54,7 @@ from kvtier.kube import (
     APIError,
     KubeClient,
 )
-from kvtier.rebalance.actuator import NOT_RUNNING, apply_quotas
+from kvtier.rebalance.actuator import apply_quotas
 from kvtier.render import (
     NodeResources,
     RenderError,
@@ -345,7 +345,7 @@ async def _reconcile(world: World, body: kopf.Body, nodes: list[NodeResources], 
         failed = [
             f"{r.pod}: {r.detail}"
             for r in results
-            if not (r.applied or r.unanswered or r.detail == NOT_RUNNING)  # the next resync retries those
+            if not (r.applied or r.skipped or r.unanswered)  # the next resync retries those
         ]
         if failed:
             step.condition("Degraded", "True", "QuotaNotApplied", "; ".join(failed))

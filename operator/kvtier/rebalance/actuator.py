@@ -29,8 +29,6 @@ RAW_BLOCK_HINT = (
     "the lmcache image lacks the raw_block adapter's extension: install "
     "`lmcache-rust-raw-block-io` (pip install --pre 'lmcache-rust-raw-block-io==0.5.7rc2') in it"
 )
-#: The detail of a replica not up yet (skipped, not failed).
-NOT_RUNNING = "not running yet"
 #: How `set_quota` says that the server did not answer in time.
 NO_ANSWER = "no answer"
 #: Quotas are compared at this precision (LMCache keeps `limit_gb` as a float).
@@ -42,6 +40,9 @@ class QuotaResult:
     pod: str
     applied: bool
     detail: str
+    skipped: bool = False
+    """The replica does not serve: not up yet, or gone (deleted, replaced) during the call. Nothing to
+    apply to; its successor gets its quota before it takes traffic (the readiness gate)."""
     unanswered: bool = False
     """The server did not answer in time, on a replica whose quota was applied before (its gate is open):
     it keeps serving with that quota; a resync repeats the call rather than calling the replica failed."""
@@ -120,14 +121,28 @@ async def apply_quotas(
     port: int,
     container: str = LMCACHE_CONTAINER,
 ) -> list[QuotaResult]:
-    """Bring every running replica to `quota_bytes` and open its gate; replicas not up yet are skipped."""
+    """Bring every running replica to `quota_bytes` and open its gate; replicas not serving are skipped."""
+
+    def serving(pod: dict[str, Any]) -> bool:
+        address = (pod.get("status") or {}).get("podIP")
+        return bool(address) and _container_ready(pod, container) and not pod["metadata"].get("deletionTimestamp")
+
+    async def gone_meanwhile(pod: dict[str, Any]) -> bool:
+        """Whether the replica stopped serving while we called it (a rolling update replacing it, a scale-down)."""
+        try:
+            current = await kube.get_or_none(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"])
+        except APIError:
+            return False  # cannot tell: report what the call met
+        return current is None or current["metadata"]["uid"] != pod["metadata"]["uid"] or not serving(current)
 
     async def one(pod: dict[str, Any]) -> QuotaResult:
         name = pod["metadata"]["name"]
-        address = (pod.get("status") or {}).get("podIP")
-        if not address or not _container_ready(pod, container) or pod["metadata"].get("deletionTimestamp"):
-            return QuotaResult(name, False, exit_reason(pod, container) or NOT_RUNNING)
-        problem = await set_quota(http, address, port, quota_bytes)
+        if not serving(pod):
+            reason = exit_reason(pod, container)
+            return QuotaResult(name, False, reason or "not running yet", skipped=reason is None)
+        problem = await set_quota(http, address=pod["status"]["podIP"], port=port, quota_bytes=quota_bytes)
+        if problem and await gone_meanwhile(pod):
+            return QuotaResult(name, False, f"stopped serving during the call ({problem})", skipped=True)
         if problem:
             return QuotaResult(name, False, problem, unanswered=NO_ANSWER in problem and _gate_open(pod))
         if not _gate_open(pod):
