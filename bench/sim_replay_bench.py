@@ -16,12 +16,12 @@ import pathlib
 import time
 from collections.abc import Callable
 
+from kvtier.probe.stackdist import stream_histogram
 from kvtier.sim.cache import IsolatedLRU, LRUCache
 from kvtier.sim.engine import EngineParams
 from kvtier.sim.policies import build_policies, run_policy
 from kvtier.sim.replay import Replay, TenantWorkload
 from kvtier.sim.scenario import load_scenario
-from kvtier.sim.stackdist import stream_histogram
 from kvtier.sim.trace import Request, load_trace
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -27,11 +27,11 @@ from prometheus_client import generate_latest
 from kvtier.api.units import GIB
 from kvtier.cli.services import probe as probe_command
 from kvtier.probe.options import ProbeOptions
+from kvtier.probe.tail import FIELDS as LOOKUP_LOG_FIELDS
 from kvtier.probe.tail import parse_lookup
 from kvtier.rebalance.actuator import exit_reason, set_quota
 from kvtier.render.lmcache import LOOKUP_LOG_DIR
 from kvtier.render.options import RenderOptions
-from kvtier.sim.lookuplog import FIELDS as LOOKUP_LOG_FIELDS
 from kvtier.sim.lookuplog import chunk_hash
 from kvtier.telemetry.engines import quota_usage, replica_snapshot
 from kvtier.telemetry.exposition import parse_exposition

@@ -25,6 +25,9 @@ from tests.e2e.helpers import (
     kubectl,
 )
 
+#: kopf's lines for passes that run all the time: every resync, every pod event, every pool status write.
+ROUTINE = ("Timer 'resync' succeeded.", "Handler 'telemetry' succeeded.", "Handler 'pool-view' succeeded.")
+
 
 def test_no_line_per_routine_success_and_a_graceful_stop_waits_for_the_passes_in_flight(cluster, namespace, caplog):
     if not cluster.embedded:
@@ -40,16 +43,17 @@ def test_no_line_per_routine_success_and_a_graceful_stop_waits_for_the_passes_in
             message="the deployment Ready",
         )
         time.sleep(3 * cluster.cluster.operator.resync_seconds)  # a few resyncs of a deployment that is Ready
-    routine = [
-        r for r in caplog.records if r.getMessage() in ("Timer 'resync' succeeded.", "Handler 'telemetry' succeeded.")
-    ]
+    routine = [r for r in caplog.records if r.getMessage() in ROUTINE]
     assert not routine, f"{len(routine)} routine success lines logged"
     assert any(r.getMessage() == "Handler 'reconcile' succeeded." for r in caplog.records), "kopf's log not captured"
     caplog.clear()
-    # Every pass of the deployment reads its pool: slowed, the next resync is in flight when the stop comes.
-    slow = cluster.server.faults.add(verb="get", resource="kvpools", name=pool, delay=2.0, times=None)
+    # A scale writes the pool's ledger: that write slowed, the pass is in flight when the stop comes.
+    slow = cluster.server.faults.add(
+        verb="update", resource="kvpools", subresource="status", name=pool, delay=2.0, times=None
+    )
     try:
-        wait_for(lambda: slow.hits > 0, timeout=30, interval=0.05, message="a pass reading the pool")
+        kubectl(cluster, "scale", "infd", "busy", "-n", namespace, "--replicas", "2")
+        wait_for(lambda: slow.hits > 0, timeout=30, interval=0.05, message="a pass writing the pool's ledger")
         with caplog.at_level(logging.WARNING):
             cluster.run(cluster.cluster.stop_operator())
     finally:

@@ -1,9 +1,10 @@
 """Scale, small: 50 InferenceDeployments on one pool through the same code path as the 1,000 of bench/.
 
 Every one becomes Ready with `status.kv`, the pool's ledger records them all within its capacity, and in
-steady state the operator reads its children from watches (no LIST) and writes nothing that did not
-change: no child applied, no pool status written. A restarted operator picks up from the API: no quota
-and no ledger entry changes, no child is applied again, and it lists each kind it watches at most once.
+steady state the operator reads its children and its pools from watches (no LIST, no GET of the pool) and
+writes nothing that did not change: no child applied, no pool status written. A restarted operator picks up
+from the API: no quota and no ledger entry changes, no child is applied again, and it lists each kind it
+watches at most once.
 The request counts come from the embedded API server's request log; on the real control plane, whose
 apiserver counts requests without telling clients apart, those checks are skipped (the rest holds).
 No timing asserts: the waits only bound how long a failure takes to show.
@@ -137,6 +138,8 @@ def test_steady_state_lists_nothing_and_writes_nothing_that_did_not_change(clust
     assert child_writes == [], f"children written in steady state: {child_writes[:10]}"
     pool_writes = [(r.verb, r.subresource) for r in seen if r.resource == "kvpools" and r.verb in WRITES]
     assert pool_writes == [], f"the pool written in steady state: {pool_writes}"
+    pool_reads = [r.name for r in seen if r.resource == "kvpools" and r.verb == "get"]
+    assert pool_reads == [], f"{len(pool_reads)} GETs of the pool in steady state (passes read the pool view)"
     conflicts = [(r.verb, r.resource, r.name) for r in seen if r.status == 409]
     assert conflicts == [], f"conflicts in steady state: {conflicts[:10]}"
 

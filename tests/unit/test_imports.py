@@ -9,9 +9,9 @@ import ast
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "operator" / "kvtier"
-#: Rooms that run in production (the probe sidecar too, but it still borrows the simulator's
-#: stack-distance code until that moves into `probe/`: issue 19, item 1).
-PRODUCTION = ("api", "controllers", "render", "storage", "telemetry", "rebalance", "kube")
+#: Rooms that run in production, the probe sidecar among them (it owns the stack-distance and lookup-log
+#: code the simulator uses).
+PRODUCTION = ("api", "controllers", "render", "storage", "telemetry", "rebalance", "kube", "probe")
 
 
 def _module_name(path: pathlib.Path) -> str:

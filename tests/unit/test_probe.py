@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier.probe.demand import DemandProbe, HitCurve, bucket_bounds, hit_curve, scraped_hit_curve
 from kvtier.probe.service import Probe
+from kvtier.probe.stackdist import stream_histogram
 from kvtier.probe.tail import LogTailer
 from kvtier.sim.lookuplog import LookupHashLog, Rotation
-from kvtier.sim.stackdist import stream_histogram
 from tests.conftest import SHARED
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvtier.probe.stackdist import StackDistanceTracker
 from kvtier.rebalance import planner, prices
 from kvtier.rebalance.allocator import allocate
 from kvtier.rebalance.costmodel import CostModel
 from kvtier.sim import planning
 from kvtier.sim.cache import LRUCache
-from kvtier.sim.stackdist import StackDistanceTracker
 
 COST = CostModel.linear(20000, 327680, 5e9)
 BLOCK_TOKENS = 4

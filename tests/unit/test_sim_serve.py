@@ -9,8 +9,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvtier.probe.tail import FIELDS, FILE_PATTERN
 from kvtier.sim.engine import EngineParams
-from kvtier.sim.lookuplog import FIELDS, FILE_PATTERN, LookupHashLog, Rotation
+from kvtier.sim.lookuplog import LookupHashLog, Rotation
 from kvtier.sim.server import (
     GB,
     SimServer,

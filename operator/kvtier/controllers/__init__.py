@@ -28,11 +28,14 @@ _SIGNALS_FILTER = _SignalsAreTheCallers()
 
 
 class _RoutineSuccesses(logging.Filter):
-    """Drops kopf's INFO line for each success of a periodic pass: the resync timer and the telemetry
-    event handler succeed for every deployment every few seconds (100 lines a second at 1,000
-    deployments), and say nothing a condition or a metric does not (`kvtier run --verbose` keeps them)."""
+    """Drops kopf's INFO line for each success of a periodic pass or a watch observer: the resync timer and
+    the telemetry event handler succeed for every deployment every few seconds (100 lines a second at 1,000
+    deployments), the pool view's for every pool status write, and they say nothing a condition or a metric
+    does not (`kvtier run --verbose` keeps them)."""
 
-    ROUTINE = frozenset({"Timer 'resync' succeeded.", "Handler 'telemetry' succeeded."})
+    ROUTINE = frozenset(
+        {"Timer 'resync' succeeded.", "Handler 'telemetry' succeeded.", "Handler 'pool-view' succeeded."}
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno == logging.INFO and record.getMessage() in self.ROUTINE)

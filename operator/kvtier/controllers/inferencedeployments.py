@@ -40,7 +40,7 @@ from kvtier.controllers.children import (
 )
 from kvtier.controllers.conditions import find, set_condition
 from kvtier.controllers.events import post_transitions
-from kvtier.controllers.kvpools import PoolGone, created_at, update_pool_status
+from kvtier.controllers.kvpools import PoolGone, PoolView, created_at, update_pool_status
 from kvtier.controllers.reclaim import release_volume
 from kvtier.controllers.replicas import not_ready
 from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, api_errors, measured, parse
@@ -130,7 +130,7 @@ async def claim_storage(
         return decision.status
 
     try:
-        pool, _ = await update_pool_status(world.kube, storage.pool_ref, change)
+        pool, _ = await update_pool_status(world.kube, storage.pool_ref, change, world.pool_view)
     except PoolGone:
         if step.first_look:  # `kubectl apply -f dir/` may create the pool a moment after its deployment
             raise kopf.TemporaryError(f"KVPool {storage.pool_ref} not found yet", delay=1) from None
@@ -185,6 +185,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             memo.applied,
             Observed(kwargs, body.metadata.namespace, body.metadata.name),
             getattr(getattr(memo, "telemetry", None), "targets", None),
+            memo.pool_view,
         )
         try:
             with api_errors():
@@ -245,7 +246,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             if pool_ref:
                 try:
                     await update_pool_status(
-                        kube, pool_ref, lambda pool, status: release(pool, status, body.metadata.uid)
+                        kube, pool_ref, lambda pool, status: release(pool, status, body.metadata.uid), memo.pool_view
                     )
                 except (PoolGone, InvalidSpec):
                     pass
@@ -261,6 +262,7 @@ class World:
     applied: Applied
     observed: Observed
     targets: TargetIndex | None
+    pool_view: PoolView
 
     async def pods(self, deployment: InferenceDeployment) -> list[dict[str, Any]]:
         """The deployment's replicas, from the pod watch (listed only before its first list is in)."""

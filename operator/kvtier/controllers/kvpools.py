@@ -7,13 +7,16 @@ is repaired from the deployments that name the pool (`kvtier.storage.ledger.repa
 
 The ledger itself (`status.allocations`, `status.waiting`) is changed by whoever needs it —
 admission in the InferenceDeployment controller, the rebalancer — always through
-`update_pool_status`, a compare-and-swap on the status' `resourceVersion`.
+`update_pool_status`, a compare-and-swap on the status' `resourceVersion`. It starts from the operator's
+`PoolView` (the newest copy of each pool from the watch or from its own writes) rather than a GET: a stale
+copy costs one 409 and a GET, never a lost write.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -39,15 +42,76 @@ class PoolGone(Exception):
     """The KVPool does not exist (any more)."""
 
 
-async def update_pool_status(
-    kube: KubeClient, name: str, change: Callable[[KVPool, KVPoolStatus], KVPoolStatus]
-) -> tuple[KVPool, KVPoolStatus]:
-    """Read the pool, apply `change` to its status, write it back only if nobody wrote in between.
+class PoolView:
+    """The newest copy of every KVPool this operator has seen, from its watch and from its own status writes.
 
-    Retries a few lost races at once; after that the conflict goes to kopf as a temporary error.
+    Every InferenceDeployment pass reads its pool's ledger; from here that costs no request (a GET per pass
+    was the operator's largest API cost at scale). Our own writes enter at once, so a pass never reads a
+    ledger older than one this process wrote; a copy that is behind the API for a moment (someone else's write
+    still on the watch) is caught by the compare-and-swap that every write is. Copies are never changed in
+    place: treat what `get` returns as read-only.
+    """
+
+    def __init__(self) -> None:
+        self._bodies: dict[str, Mapping[str, Any]] = {}
+
+    def get(self, name: str) -> Mapping[str, Any] | None:
+        return self._bodies.get(name)
+
+    def observe(self, body: Mapping[str, Any]) -> None:
+        """Keep `body` (the view's from now on: nobody changes it) unless the copy held is newer (a watch event
+        may arrive after our own later write)."""
+        name = body["metadata"]["name"]
+        held = self._bodies.get(name)
+        if held is None or not _older(body, held):
+            self._bodies[name] = body
+
+    def forget(self, name: str, uid: str | None = None) -> None:
+        """Drop the copy of a deleted pool (only that incarnation's, when `uid` is given)."""
+        held = self._bodies.get(name)
+        if held is not None and (uid is None or held["metadata"].get("uid") == uid):
+            del self._bodies[name]
+
+
+def _older(body: Mapping[str, Any], than: Mapping[str, Any]) -> bool:
+    """Whether `body` is an older version of the same pool than `than`. resourceVersions are opaque to
+    clients, but both kube-apiserver (etcd revisions) and the embedded one issue increasing integers; any
+    other form counts as newer, as an informer takes whatever the watch brings last."""
+    if body["metadata"].get("uid") != than["metadata"].get("uid"):
+        return False
+    mine, theirs = body["metadata"].get("resourceVersion", ""), than["metadata"].get("resourceVersion", "")
+    return mine.isdigit() and theirs.isdigit() and int(mine) < int(theirs)
+
+
+async def read_pool(
+    kube: KubeClient, name: str, view: PoolView | None = None, *, fresh: bool = False
+) -> Mapping[str, Any] | None:
+    """The pool's body from the view, else (or when `fresh`) from the API, which the view then keeps
+    (None: no such pool)."""
+    body = view.get(name) if view is not None and not fresh else None
+    if body is None:
+        body = await kube.get_or_none(KVPOOLS, None, name)
+        if view is not None and body is not None:
+            view.observe(body)
+        elif view is not None:
+            view.forget(name)
+    return body
+
+
+async def update_pool_status(
+    kube: KubeClient,
+    name: str,
+    change: Callable[[KVPool, KVPoolStatus], KVPoolStatus],
+    view: PoolView | None = None,
+) -> tuple[KVPool, KVPoolStatus]:
+    """Read the pool (from `view` when it holds it), apply `change` to its status, write it back only if
+    nobody wrote in between.
+
+    A lost race reads the pool from the API and tries again, a few times at once; after that the conflict
+    goes to kopf as a temporary error.
     """
     for attempt in range(CAS_ATTEMPTS):
-        body = await kube.get_or_none(KVPOOLS, None, name)
+        body = await read_pool(kube, name, view, fresh=attempt > 0)
         if body is None:
             raise PoolGone(name)
         pool = parse(KVPool, body)
@@ -55,13 +119,19 @@ async def update_pool_status(
         new = change(pool, current)
         if new == current:
             return pool, current
-        body["status"] = new.to_wire()
         try:
-            await kube.replace(KVPOOLS, body, subresource="status")
-            return pool, new
+            written = await kube.replace(KVPOOLS, {**body, "status": new.to_wire()}, subresource="status")
         except APIError as error:
+            if error.status == 404:
+                if view is not None:
+                    view.forget(name)
+                raise PoolGone(name) from None
             if error.status != 409 or attempt == CAS_ATTEMPTS - 1:
                 raise
+            continue
+        if view is not None:
+            view.observe(written)
+        return pool, new
     raise AssertionError("unreachable")
 
 
@@ -163,6 +233,17 @@ def holdings(pool: KVPool, status: KVPoolStatus) -> str:
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    @kopf.on.startup(id="pool-view", registry=registry)
+    def open_pool_view(memo: kopf.Memo, **_: Any) -> None:
+        memo.pool_view = PoolView()
+
+    @kopf.on.event(*POOL, id="pool-view", registry=registry)
+    def pool_view(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        if event.get("type") == "DELETED":
+            memo.pool_view.forget(body.metadata.name, body.metadata.uid)
+        else:
+            memo.pool_view.observe(copy.deepcopy(dict(body)))
+
     @kopf.index(*DEPLOYMENTS, id="pool_deployments", registry=registry)
     def pool_deployments(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]] | None:
         """Pool name -> the InferenceDeployments that name it now (their spec and identity, not status);
@@ -220,7 +301,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         before = list(body.get("status", {}).get("conditions", []))
         with api_errors():
             try:
-                pool, status = await update_pool_status(memo.kube, body.metadata.name, refresh)
+                pool, status = await update_pool_status(memo.kube, body.metadata.name, refresh, memo.pool_view)
             except PoolGone:
                 return
         await post_transitions(memo.kube, body, before, [c.to_wire() for c in status.conditions])
@@ -251,7 +332,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             reclaim = await reclaim_volumes(memo.kube, pool, config.namespace, config.render.wipe_image)
             try:
                 _, status = await update_pool_status(
-                    memo.kube, body.metadata.name, lambda pool, status: reclaimed(pool, status, reclaim.freed)
+                    memo.kube,
+                    body.metadata.name,
+                    lambda pool, status: reclaimed(pool, status, reclaim.freed),
+                    memo.pool_view,
                 )
             except PoolGone:
                 return

@@ -33,9 +33,9 @@ from pydantic import ValidationError
 from kvtier.api.kvpool import KVPool, KVPoolStatus, RebalanceRecord, RebalanceSpec
 from kvtier.api.units import format_quantity
 from kvtier.controllers.events import post_event
-from kvtier.controllers.kvpools import POOL, PoolGone, update_pool_status
+from kvtier.controllers.kvpools import POOL, PoolGone, PoolView, read_pool, update_pool_status
 from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, parse
-from kvtier.kube import KVPOOLS, PODS, APIError, KubeClient
+from kvtier.kube import PODS, APIError, KubeClient
 from kvtier.rebalance.actuator import apply_quotas
 from kvtier.rebalance.demand import DemandBook
 from kvtier.rebalance.loop import Decision
@@ -73,10 +73,11 @@ async def rebalance_pool(
     deployments: Iterable[Mapping[str, Any]],
     memory: PoolMemory,
     now: float,
+    view: PoolView,
 ) -> Decision | None:
     """One round for KVPool `name`, whose `deployments` (from the watch-fed index) name it: the round's
     decision (whether applied or not), None when there is nothing to divide."""
-    body = await kube.get_or_none(KVPOOLS, None, name)
+    body = await read_pool(kube, name, view)
     if body is None:
         return None
     pool = parse(KVPool, body)
@@ -95,10 +96,10 @@ async def rebalance_pool(
     if record.dry_run:
         last = status.last_rebalance
         if last is None or not last.dry_run or last.moves != record.moves:  # once per proposal, not every round
-            await _write_record(kube, name, record)
+            await _write_record(kube, name, record, view)
             await post_event(kube, body, "Normal", "RebalanceDryRun", summary(record))
         return decision
-    refused = await _write_ledger(kube, name, in_round, plan.quotas, record)
+    refused = await _write_ledger(kube, name, in_round, plan.quotas, record, view)
     if refused:
         log.info("KVPool %s: no move this round: %s", name, refused)
         return decision
@@ -139,7 +140,12 @@ async def rebalance_pool(
 
 
 async def _write_ledger(
-    kube: KubeClient, name: str, members: list[Member], quotas: Mapping[str, int], record: RebalanceRecord
+    kube: KubeClient,
+    name: str,
+    members: list[Member],
+    quotas: Mapping[str, int],
+    record: RebalanceRecord,
+    view: PoolView,
 ) -> str | None:
     """The new quotas and the record, only if the ledger still holds what the round decided on;
     None when written, else why not."""
@@ -167,15 +173,17 @@ async def _write_ledger(
         return new
 
     try:
-        await update_pool_status(kube, name, change)
+        await update_pool_status(kube, name, change, view)
     except PoolGone:
         return "the pool is gone"
     return refused
 
 
-async def _write_record(kube: KubeClient, name: str, record: RebalanceRecord) -> None:
+async def _write_record(kube: KubeClient, name: str, record: RebalanceRecord, view: PoolView) -> None:
     try:
-        await update_pool_status(kube, name, lambda pool, status: status.model_copy(update={"last_rebalance": record}))
+        await update_pool_status(
+            kube, name, lambda pool, status: status.model_copy(update={"last_rebalance": record}), view
+        )
     except PoolGone:
         pass
 
@@ -252,6 +260,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                     list(pool_deployments.get(name, ())),
                     memory,
                     time.time(),
+                    memo.pool_view,
                 )
                 if decision is not None:
                     log.debug("KVPool %s: rebalance round %s: %s", name, decision.outcome, decision.reason)

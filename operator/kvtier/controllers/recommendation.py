@@ -23,9 +23,9 @@ from pydantic import ValidationError
 from kvtier.api.kvpool import KVPool, KVPoolStatus, PoolRecommendation, RecommendationSpec
 from kvtier.api.units import format_quantity
 from kvtier.controllers.events import post_event
-from kvtier.controllers.kvpools import DEPLOYMENTS, POOL, PoolGone, update_pool_status
+from kvtier.controllers.kvpools import DEPLOYMENTS, POOL, PoolGone, PoolView, read_pool, update_pool_status
 from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, parse
-from kvtier.kube import KVPOOLS, APIError, KubeClient
+from kvtier.kube import APIError, KubeClient
 from kvtier.rebalance.costmodel import preset
 from kvtier.rebalance.planlive import DEFAULT_COST_MODEL, live_pools
 from kvtier.rebalance.recommend import Sizing, advance, material, recommend, undersized
@@ -37,11 +37,11 @@ INTERVAL_SLICE = 10.0
 
 
 async def refresh_recommendation(
-    kube: KubeClient, name: str, deployments: Iterable[Mapping[str, Any]]
+    kube: KubeClient, name: str, deployments: Iterable[Mapping[str, Any]], view: PoolView | None = None
 ) -> PoolRecommendation | None:
     """One refresh of KVPool `name`, whose `deployments` (their spec and `status.kv`, from the watch-fed
     `curve_deployments` index) name it: the recommendation now in its status (None: the pool is gone)."""
-    body = await kube.get_or_none(KVPOOLS, None, name)
+    body = await read_pool(kube, name, view)
     if body is None:
         return None
     pool = parse(KVPool, body)
@@ -64,7 +64,7 @@ async def refresh_recommendation(
         return status.model_copy(update={"recommendation": new}) if material(old, new) else status
 
     try:
-        _, status = await update_pool_status(kube, name, change)
+        _, status = await update_pool_status(kube, name, change, view)
     except PoolGone:
         return None
     for new in flipped:
@@ -142,7 +142,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             if stopped:
                 break
             try:
-                await refresh_recommendation(memo.kube, name, list(curve_deployments.get(name, ())))
+                await refresh_recommendation(memo.kube, name, list(curve_deployments.get(name, ())), memo.pool_view)
             except (APIError, aiohttp.ClientError, TimeoutError, InvalidSpec, ValueError) as error:
                 log.warning("KVPool %s: capacity recommendation skipped: %s", name, error)
             except Exception:

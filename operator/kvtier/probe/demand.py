@@ -1,7 +1,7 @@
 """The probe's demand curve: a decaying window of exact LRU stack distances, as Prometheus metrics.
 
 :class:`DemandProbe` feeds lookup-hash log lines through a
-:class:`~kvtier.sim.stackdist.WindowedStackDistance` and exports the metrics listed in
+:class:`~kvtier.probe.stackdist.WindowedStackDistance` and exports the metrics listed in
 :mod:`kvtier.probe`. :func:`hit_curve` turns a scraped stack-distance histogram back into a
 hit curve (what the rebalancer's estimator consumes).
 
@@ -24,8 +24,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
+from kvtier.probe.stackdist import WindowedStackDistance
 from kvtier.probe.tail import parse_lookup
-from kvtier.sim.stackdist import WindowedStackDistance
 
 STACK_DISTANCE_CHUNKS = "kvtier_probe_stack_distance_chunks"
 STACK_DISTANCE_BYTES = "kvtier_probe_stack_distance_bytes"

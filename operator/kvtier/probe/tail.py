@@ -20,11 +20,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvtier.sim.lookuplog import FILE_PATTERN
+#: The log's file names (``<prefix><YYYYmmdd_HHMMSS>_<NNNNNN>.jsonl``); sorting names sorts files by age.
+FILE_PREFIX = "lookup_hashes_"
+FILE_PATTERN = re.compile(r"^lookup_hashes_\d{8}_\d{6}_\d{6}\.jsonl$")
+#: A line's fields, in LMCache 0.5.6's order (kvsim's writer, :mod:`kvtier.sim.lookuplog`, follows them).
+FIELDS = ("timestamp", "request_id", "model_name", "chunk_size", "seq_len", "dtypes", "shapes", "chunk_hashes")
 
 
 @dataclass

@@ -17,9 +17,9 @@ from __future__ import annotations
 import bisect
 from collections.abc import Hashable, Sequence
 
+from kvtier.probe.stackdist import INFINITE, DistanceHistogram, StackDistanceTracker, epoch_histograms
 from kvtier.sim.cache import IsolatedLRU
 from kvtier.sim.replay import TenantWorkload
-from kvtier.sim.stackdist import INFINITE, DistanceHistogram, StackDistanceTracker, epoch_histograms
 
 
 class Hindsight:

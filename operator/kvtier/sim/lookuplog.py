@@ -18,17 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-FILE_PREFIX = "lookup_hashes_"
-#: Names of lookup-hash log files; sorting names sorts files by age.
-FILE_PATTERN = re.compile(r"^lookup_hashes_\d{8}_\d{6}_\d{6}\.jsonl$")
-FIELDS = ("timestamp", "request_id", "model_name", "chunk_size", "seq_len", "dtypes", "shapes", "chunk_hashes")
+from kvtier.probe.tail import FILE_PATTERN, FILE_PREFIX
 
 
 def chunk_hash(block: int) -> str:

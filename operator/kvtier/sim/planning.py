@@ -1,7 +1,7 @@
 """The capacity planner on recorded requests (:mod:`kvtier.rebalance.planner` has the method).
 
 Sources: a replay scenario, or bare traces with common tenant fields. Each tenant's trace goes once
-through an exact :class:`~kvtier.sim.stackdist.StackDistanceTracker` (its own LRU stack, blocks
+through an exact :class:`~kvtier.probe.stackdist.StackDistanceTracker` (its own LRU stack, blocks
 namespaced per tenant as the replay does); the effective distances of every request become a
 :class:`~kvtier.rebalance.planner.TenantProfile`, and :func:`evaluate` (what
 :func:`~kvtier.rebalance.planner.plan` is given) replays a split's hits through the replay's own
@@ -15,10 +15,10 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from kvtier.probe.stackdist import StackDistanceTracker
 from kvtier.rebalance.planner import PEAK_WINDOW_SECONDS, CapacityOutcome, TenantOutcome, TenantProfile
 from kvtier.sim.replay import PrefillQueue, TenantWorkload, percentile
 from kvtier.sim.scenario import Scenario
-from kvtier.sim.stackdist import StackDistanceTracker
 
 
 def profiles(scenario: Scenario, workloads: Sequence[TenantWorkload] | None = None) -> list[TenantProfile]:

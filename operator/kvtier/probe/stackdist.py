@@ -1,7 +1,7 @@
 """Exact LRU stack distances with prefix semantics.
 
 The stack distance of a block at a request's lookup is its 1-based position in the LRU stack
-just before the request: the smallest capacity at which an LRU (see :mod:`kvtier.sim.cache`)
+just before the request: the smallest capacity at which an LRU (kvsim's is :mod:`kvtier.sim.cache`)
 holds it. Touching a request's blocks from last to first is a plain sequence of single-block
 LRU accesses, so the inclusion property holds and one stack serves every capacity at once.
 

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtier.sim.cache import LRUCache
-from kvtier.sim.stackdist import (
+from kvtier.probe.stackdist import (
     INFINITE,
     DistanceHistogram,
     StackDistanceTracker,
@@ -18,6 +17,7 @@ from kvtier.sim.stackdist import (
     epoch_histograms,
     stream_histogram,
 )
+from kvtier.sim.cache import LRUCache
 from kvtier.sim.trace import load_trace
 from tests.conftest import SHARED
 
