@@ -27,6 +27,9 @@ PROBE_CONTAINER: Final = "kvtier-probe"
 HTTP_PORT: Final = "http"
 LMCACHE_API_PORT: Final = "lmcache-api"
 PROBE_METRICS_PORT: Final = "probe-metrics"
+#: The probe's port number unless the operator is told otherwise (`kvtier run` renders it, `kvtier probe`
+#: listens there).
+PROBE_DEFAULT_PORT: Final = 9400
 
 #: Endpoint paths.
 METRICS_PATH: Final = "/metrics"

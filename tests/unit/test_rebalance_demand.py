@@ -5,7 +5,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from kvtier.probe.demand import DemandProbe
 from kvtier.rebalance.demand import DemandBook, Geometry, counter_reading_of, probe_reading_of
-from kvtier.rebalance.estimator import DemandEstimator, probe_reading
+from kvtier.rebalance.estimator import DemandEstimator
+from kvtier.sim.policies import probe_reading
 from kvtier.telemetry.engines import Snapshot, replica_snapshot
 from kvtier.telemetry.exposition import parse_exposition
 from tests.unit.test_rebalance_estimator import _feed, _requests

@@ -17,10 +17,10 @@ from kvtier.rebalance.estimator import (
     interpolate,
     prefill_seconds_saved_per_token,
     probe_increment,
-    probe_reading,
 )
 from kvtier.sim.cache import LRUCache
 from kvtier.sim.engine import Engine, EngineParams
+from kvtier.sim.policies import probe_reading
 
 
 def _requests(seed, count=300, universe=80):

@@ -142,7 +142,7 @@ def test_the_replay_reads_the_probe_as_the_operator_reads_its_page():
     from kvtier.probe.demand import DemandProbe
     from kvtier.probe.options import ProbeOptions
     from kvtier.rebalance.demand import probe_reading_of
-    from kvtier.rebalance.estimator import probe_reading
+    from kvtier.sim.policies import probe_reading
     from kvtier.sim.trace import load_trace
     from kvtier.telemetry.engines import replica_snapshot
     from kvtier.telemetry.exposition import parse_exposition

@@ -200,9 +200,7 @@ async def _actuate(kube: KubeClient, http: aiohttp.ClientSession, config: Operat
             failures.append(f"{change.name}: grow deferred until the shrinks apply")
             continue
         pods = await kube.list(PODS, member.key[0], label_selector=selector(member.deployment))
-        results = await apply_quotas(
-            kube, http, pods.get("items", []), min(quota, member.cap), config.render.lmcache_http_port
-        )
+        results = await apply_quotas(kube, http, pods.get("items", []), quota, config.render.lmcache_http_port)
         # an unanswered replica may still hold its old quota: it counts, so grows wait for the shrinks
         failures += [f"{r.pod}: {r.detail}" for r in results if not (r.applied or r.skipped)]
     return failures

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from kvtier.contract import PROBE_DEFAULT_PORT
+
 if TYPE_CHECKING:
     from kvtier.probe.service import Probe
 
@@ -22,7 +24,7 @@ class ProbeOptions:
 
     log_dir: str
     host: str = "0.0.0.0"
-    port: int = 9400
+    port: int = PROBE_DEFAULT_PORT
     chunk_bytes: int = 0
     max_blocks: int = 1 << 18
     window: float = 1800.0

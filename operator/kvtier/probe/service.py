@@ -13,6 +13,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from kvtier.contract import HEALTH_PATH, METRICS_PATH
 from kvtier.probe.demand import DemandProbe
 from kvtier.probe.tail import LogTailer
 
@@ -57,8 +58,8 @@ class Probe:
             return web.json_response({"status": "healthy"})
 
         app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/health", health)
+        app.router.add_get(METRICS_PATH, metrics)
+        app.router.add_get(HEALTH_PATH, health)
         return app
 
     async def run(self) -> None:

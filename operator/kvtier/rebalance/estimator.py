@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kvtier.probe.demand import DemandProbe, HitCurve
+from kvtier.probe.demand import HitCurve
 
 Source = Literal["probe", "counters", "none"]
 
@@ -60,20 +60,6 @@ class ProbeReading:
     """``kvtier_probe_decay_ticks_total``."""
     decay_per_tick: float
     """``0.5 ** (kvtier_probe_tick_seconds / kvtier_probe_window_seconds)``; 1 without decay."""
-
-
-def probe_reading(probe: DemandProbe, time: float) -> ProbeReading:
-    """The reading of an in-process probe (the same numbers its collector exports at ``time``)."""
-    counts, total, _ = probe.buckets()
-    return ProbeReading(
-        time=time,
-        bounds=tuple(float(bound) for bound in probe.bounds),
-        cumulative=tuple(counts),
-        total=total,
-        lookups=float(probe.lookups),
-        decay_ticks=float(probe.decay_ticks),
-        decay_per_tick=probe.window.decay,
-    )
 
 
 @dataclass(frozen=True)

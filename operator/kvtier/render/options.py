@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvtier import __version__
+from kvtier.contract import PROBE_DEFAULT_PORT
 
 GIB = 2**30
 
@@ -32,7 +33,7 @@ class RenderOptions:
     lmcache_http_port: int = 8080
     """The LMCache MP server's HTTP API (`/quota`, `/healthcheck`) and its `/metrics` (0.5.6 serves them
     on one port and never opens `--prometheus-port`)."""
-    probe_port: int = 9400
+    probe_port: int = PROBE_DEFAULT_PORT
     """The probe's `/metrics`."""
     default_engine_memory: int = 32 * GIB
     """Engine memory request when `spec.engine.resources.requests.memory` is not set."""

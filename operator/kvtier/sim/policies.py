@@ -20,7 +20,7 @@ from kvtier.probe.demand import DemandProbe
 from kvtier.probe.options import ProbeOptions
 from kvtier.rebalance.allocator import Demand, allocate, apportion, moved_units
 from kvtier.rebalance.demand import HALF_LIFE_INTERVALS
-from kvtier.rebalance.estimator import CounterReading, DemandEstimator, probe_reading
+from kvtier.rebalance.estimator import CounterReading, DemandEstimator, ProbeReading
 from kvtier.rebalance.loop import Decision, DeploymentState, LoopSettings, decide
 from kvtier.sim.cache import IsolatedLRU
 from kvtier.sim.engine import RequestOutcome, Tier
@@ -29,6 +29,21 @@ from kvtier.sim.replay import Replay, ReplayResult, TenantWorkload
 from kvtier.sim.scenario import Scenario
 
 #: LMCache's name for the salt of requests that carry none.
+
+
+def probe_reading(probe: DemandProbe, time: float) -> ProbeReading:
+    """The reading of an in-process probe: the numbers its collector exports at ``time`` (the operator reads
+    them from the probe's page)."""
+    counts, total, _ = probe.buckets()
+    return ProbeReading(
+        time=time,
+        bounds=tuple(float(bound) for bound in probe.bounds),
+        cumulative=tuple(counts),
+        total=total,
+        lookups=float(probe.lookups),
+        decay_ticks=float(probe.decay_ticks),
+        decay_per_tick=probe.window.decay,
+    )
 
 
 def split_evenly(capacity: int, count: int) -> list[int]:
@@ -219,7 +234,7 @@ class KvtierPolicy(DynamicPolicy):
     default settings) reads every lookup the tenant's LMCache server would log (each request's
     chunk hashes at its arrival; block ids stand in for the hex hashes, which changes no
     distance). Every ``scrapeSeconds`` a hook reads what a scrape would: each probe's histogram
-    and counters (:func:`~kvtier.rebalance.estimator.probe_reading`: exactly what the operator
+    and counters (:func:`probe_reading`: exactly what the operator
     reads from the probe's ``/metrics`` page with telemetry's parser and
     :func:`~kvtier.rebalance.demand.probe_reading_of`, the text round trip being lossless), the
     engines' LMCache counters and the quotas, into one
