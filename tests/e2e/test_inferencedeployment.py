@@ -181,8 +181,13 @@ def test_deleting_the_deployment_removes_everything_and_frees_the_pool(cluster, 
     kubectl(cluster, "delete", "kvp", pool)
 
 
-def test_a_spec_that_fits_no_node_says_so_and_creates_no_pods(cluster, namespace):
-    create_deployment(cluster, deployment(namespace, "too-wide", None, tp=16))
+@pytest.mark.parametrize(
+    ("tp", "said"),
+    [(16, "GPU"), (3, "does not divide the GPUs of any node")],
+    ids=["more-gpus-than-a-node", "tp-strands-gpus"],
+)
+def test_a_spec_that_fits_no_node_says_so_and_creates_no_pods(cluster, namespace, tp, said):
+    create_deployment(cluster, deployment(namespace, "too-wide", None, tp=tp))
     infd = wait_for(
         lambda: (
             (d := get(cluster, INFERENCEDEPLOYMENTS, namespace, "too-wide"))
@@ -191,7 +196,7 @@ def test_a_spec_that_fits_no_node_says_so_and_creates_no_pods(cluster, namespace
         ),
         message="DoesNotFit",
     )
-    assert "GPU" in condition(infd, "Ready")["message"]
+    assert said in condition(infd, "Ready")["message"]
     assert condition(infd, "Degraded")["status"] == "True"
     assert get(cluster, STATEFULSETS, namespace, "too-wide") is None
     assert any(e["reason"] == "DoesNotFit" and e["type"] == "Warning" for e in events(cluster, namespace, "too-wide"))
