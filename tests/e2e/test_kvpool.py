@@ -231,8 +231,10 @@ def test_a_deployment_that_never_fits_is_refused_and_does_not_block_the_queue(cl
     assert get(cluster, STATEFULSETS, namespace, "hol-a") is None
 
 
-def test_a_corrupted_ledger_entry_is_repaired_and_explained(cluster, namespace, pool):
-    """Issue #23 problem 2: an entry set to 0 by a status corruption stayed at 0, its condition still saying Bound."""
+@pytest.mark.parametrize("restart", [False, True], ids=["operator-running", "operator-restarted"])
+def test_a_corrupted_ledger_entry_is_repaired_and_explained(cluster, namespace, pool, restart):
+    """Issue #23 problem 2: an entry set to 0 by a status corruption stayed at 0, its condition still saying Bound
+    (found with an operator restart after the corruption; a running operator must see it through its watch)."""
     create_pool(cluster, csi_pool(pool, "4Ti"))
     create_deployment(cluster, deployment(namespace, "victim", pool, request="2Ti", minimum="1Ti"))
     create_deployment(cluster, deployment(namespace, "other", pool, request="2Ti", minimum="1Ti"))
@@ -245,7 +247,14 @@ def test_a_corrupted_ledger_entry_is_repaired_and_explained(cluster, namespace, 
     body["status"]["allocations"] = [
         {**a, "quota": "0"} if a["name"] == "victim" else a for a in body["status"]["allocations"]
     ] + [{"namespace": namespace, "name": "ghost", "uid": "ghost-uid", "replicas": 1, "quota": "2Ti"}]
-    cluster.run(cluster.kube.replace(KVPOOLS, body, subresource="status"))
+    if not restart:
+        cluster.run(cluster.kube.replace(KVPOOLS, body, subresource="status"))
+    else:
+        cluster.run(cluster.cluster.stop_operator(crash=True))
+        try:
+            cluster.run(cluster.kube.replace(KVPOOLS, body, subresource="status"))
+        finally:
+            cluster.run(cluster.cluster.start_operator())
     repaired = wait_for(
         lambda: [
             e
