@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvtier.api.units import parse_quantity
 from kvtier.kube import (
     INFERENCEDEPLOYMENTS,
     JOBS,
@@ -318,3 +319,49 @@ def test_a_retained_namespace_stays_released_until_an_admin_deletes_its_volume(c
         message="the namespace bound once its volume was deleted",
     )
     assert not pool_status(cluster, pool)["reclaiming"]
+
+
+def test_a_host_path_pool_gives_each_replica_its_own_directory_and_wipes_it_when_freed(cluster, namespace, pool):
+    """hostPath pools (kind, development clusters) through the same claims as an array: one static volume per
+    replica, pre-bound to its claim and sized for the quota plus the filesystem's reserve; deleting the
+    deployment gives the volumes back (wiped by a Job in the operator's namespace, then deleted) and frees the
+    pool."""
+    path = f"/var/lib/kvtier-e2e/{namespace}"
+    create_pool(
+        cluster,
+        {
+            "apiVersion": "kvtier.io/v1alpha1",
+            "kind": "KVPool",
+            "metadata": {"name": pool},
+            "spec": {"capacity": "4Ti", "rebalance": {"policy": "Static"}, "storage": {"hostPath": {"path": path}}},
+        },
+    )
+    create_deployment(cluster, deployment(namespace, "local", pool, replicas=2, request="1Ti"))
+    ready = running(cluster, namespace, "local", 2)
+    assert ready["status"]["kv"]["storage"]["quota"] == "1Ti"
+    volumes = sorted(
+        items(cluster, PERSISTENT_VOLUMES, None, f"kvtier.io/pool={pool}"), key=lambda v: v["spec"]["hostPath"]["path"]
+    )
+    claims = {
+        c["metadata"]["name"]: c
+        for c in items(cluster, PERSISTENT_VOLUME_CLAIMS, namespace, "kvtier.io/deployment=local")
+    }
+    assert [v["spec"]["hostPath"]["path"] for v in volumes] == [
+        f"{path}/{namespace}/{claim}" for claim in sorted(claims)
+    ]
+    for volume in volumes:
+        claim = claims[volume["spec"]["claimRef"]["name"]]
+        assert claim["status"]["phase"] == "Bound" and claim["spec"]["volumeName"] == volume["metadata"]["name"]
+        # The engine may store its whole quota: the filesystem's 5% reserve comes on top.
+        assert parse_quantity(volume["spec"]["capacity"]["storage"]) >= 2**40 / 0.95
+    assert [(a["name"], a["quota"], a["replicas"]) for a in pool_status(cluster, pool)["allocations"]] == [
+        ("local", "1Ti", 2)
+    ]
+    kubectl(cluster, "delete", "infd", "local", "-n", namespace)
+    wait_for(
+        lambda: not items(cluster, PERSISTENT_VOLUMES, None, f"kvtier.io/pool={pool}"),
+        timeout=60,
+        message="the wiped volumes deleted",
+    )
+    status = pool_status(cluster, pool)
+    assert status["allocations"] == [] and not status.get("reclaiming")
