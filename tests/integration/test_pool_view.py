@@ -80,3 +80,16 @@ async def test_the_view_never_goes_back_to_an_older_copy_and_forgets_a_deleted_p
         assert view.get(NAME) is None
         with pytest.raises(PoolGone):
             await update_pool_status(kube, NAME, lambda pool, status: count(status, 2), view)
+
+
+async def test_each_version_of_a_pool_is_parsed_once():
+    view = PoolView()
+    async with EmbeddedCluster() as cluster:
+        kube = cluster.kube
+        await kube.create(KVPOOLS, copy.deepcopy(POOL))
+        await update_pool_status(kube, NAME, lambda pool, status: count(status, 1), view)
+        again, _ = await update_pool_status(kube, NAME, lambda pool, status: status, view)
+        assert again is view.model(view.get(NAME)), "the same version parsed again"
+        await update_pool_status(kube, NAME, lambda pool, status: count(status, 2), view)
+        newer = view.model(view.get(NAME))
+        assert newer is not again and newer.status.deployments == 2

@@ -34,7 +34,7 @@ from kvtier.api.kvpool import KVPool, KVPoolStatus, RebalanceRecord, RebalanceSp
 from kvtier.api.units import format_quantity
 from kvtier.controllers.events import post_event
 from kvtier.controllers.kvpools import POOL, PoolGone, PoolView, read_pool, update_pool_status
-from kvtier.controllers.runtime import InvalidSpec, OperatorConfig, parse
+from kvtier.controllers.runtime import InvalidSpec, OperatorConfig
 from kvtier.kube import PODS, APIError, KubeClient
 from kvtier.rebalance.actuator import apply_quotas
 from kvtier.rebalance.demand import DemandBook
@@ -80,7 +80,7 @@ async def rebalance_pool(
     body = await read_pool(kube, name, view)
     if body is None:
         return None
-    pool = parse(KVPool, body)
+    pool = view.model(body)
     status = pool.status or KVPoolStatus()
     if memory.last_move is None and status.last_rebalance is not None and not status.last_rebalance.dry_run:
         memory.last_move = now - (datetime.now(UTC) - status.last_rebalance.time).total_seconds()

@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 
-from kvtier.kube import NODES, PODS, APIError, KubeClient
+from kvtier.kube import NODES, PODS, STRATEGIC_PATCH, APIError, KubeClient
 from kvtier.testing.engines import EngineFactory, RunningEngine
 from kvtier.testing.podsim.nodes import NodeSpec
 from kvtier.testing.podsim.objects import isolated, now, pod_condition
@@ -268,9 +268,15 @@ class Kubelet:
     async def _set_pod_conditions(
         self, pod: dict[str, Any], conditions: dict[str, tuple[str, str, str]], status: dict[str, Any] | None = None
     ) -> None:
-        """Write the kubelet's conditions, keeping others' (readiness gates) untouched; skip no-op writes."""
+        """Write the kubelet's conditions, keeping others' (readiness gates) untouched; skip no-op writes.
+
+        As a kubelet's status manager does, the patch is a strategic merge that names only the kubelet's own
+        conditions (merged by `type`): a readiness gate the operator set after this copy of the pod was read
+        survives (a merge patch replaces the whole list, and under load erased gates the copy had not seen yet).
+        """
         current = (pod.get("status") or {}).get("conditions", [])
         merged = [c for c in current if c.get("type") not in conditions]
+        own = []
         for kind, (value, reason, message) in conditions.items():
             old = next((c for c in current if c.get("type") == kind), None)
             same = old is not None and old.get("status") == value
@@ -283,22 +289,25 @@ class Kubelet:
                 entry["reason"] = reason
             if message:
                 entry["message"] = message
-            merged.append(entry)
-        new_status = {**(status or {}), "conditions": merged}
+            own.append(entry)
+        new_status = {**(status or {}), "conditions": merged + own}
         old_status = pod.get("status") or {}
 
-        def comparable(value: dict[str, Any]) -> Any:
+        def comparable(value: Any, key: str) -> Any:
+            if key == "conditions":  # merged by type: the order the server keeps them in does not matter
+                return {c.get("type"): comparable(c, "") for c in value or []}
             return json.loads(json.dumps(value, sort_keys=True))
 
-        if all(comparable(old_status.get(k)) == comparable(v) for k, v in new_status.items()):
+        if all(comparable(old_status.get(k), k) == comparable(v, k) for k, v in new_status.items()):
             return
         try:
             await self.kube.patch(
                 PODS,
                 pod["metadata"]["namespace"],
                 pod["metadata"]["name"],
-                {"status": new_status},
+                {"status": {**new_status, "conditions": own}},
                 subresource="status",
+                content_type=STRATEGIC_PATCH,
             )
         except APIError as error:
             if error.status != 404:
