@@ -1,7 +1,11 @@
 """The simulated kubelet's readiness probes: a ready container survives fewer than `failureThreshold` failures in a
-row, and with `probe_periods` a container is probed once per `periodSeconds`, not on every pass."""
+row, with `probe_periods` a container is probed once per `periodSeconds`, not on every pass, and an answer later than
+`timeoutSeconds` is a failure."""
 
 import asyncio
+
+import aiohttp
+from aiohttp import web
 
 from kvtier.testing.podsim.kubelet import Kubelet, RunningPod
 
@@ -68,3 +72,42 @@ def test_with_probe_periods_a_container_is_probed_once_per_period():
     kubelet = ProbedKubelet([True, False], probe_periods=True)
     assert _passes(kubelet, 5) == [True] * 5
     assert kubelet.probed == 1  # the passes within periodSeconds reuse the first answer
+
+
+def test_a_probe_answered_after_timeout_seconds_fails():
+    """As a kubelet's: an answer later than `timeoutSeconds` (1 s by default) is a failed probe."""
+
+    async def run() -> tuple[bool, bool, bool]:
+        async def slow(_: web.Request) -> web.Response:
+            await asyncio.sleep(1.5)
+            return web.Response(text="ok")
+
+        async def fast(_: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_get("/slow", slow)
+        app.router.add_get("/fast", fast)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        kubelet = ProbedKubelet([], probe_periods=False)
+        kubelet._http = aiohttp.ClientSession()
+
+        def container(path: str, timeout: int | None) -> dict:
+            probe = {"httpGet": {"path": path, "port": port}, **({"timeoutSeconds": timeout} if timeout else {})}
+            return {"name": "c", "readinessProbe": probe}
+
+        try:
+            return (
+                await Kubelet._probe(kubelet, "127.0.0.1", container("/slow", None)),
+                await Kubelet._probe(kubelet, "127.0.0.1", container("/slow", 3)),
+                await Kubelet._probe(kubelet, "127.0.0.1", container("/fast", None)),
+            )
+        finally:
+            await kubelet._http.close()
+            await runner.cleanup()
+
+    assert asyncio.run(run()) == (False, True, True)
