@@ -117,6 +117,16 @@ def test_quotas_move_toward_the_busy_deployment_and_each_move_is_explained(clust
     assert pool_events and all("tokens/s" in e["message"] and "->" in e["message"] for e in pool_events)
     code_events = [e for e in events(cluster, namespace, "code") if e["reason"] == "StorageQuotaChanged"]
     assert code_events and f"KVPool {pool} moved" in code_events[-1]["message"]
+    if cluster.server is not None:  # the rounds found the replicas in the pod watch's index, not by listing
+        lists = [
+            r.path
+            for r in cluster.server.requests.records
+            if r.verb == "list"
+            and r.resource == "pods"
+            and r.namespace == namespace
+            and r.user_agent.split("/")[0] == "kvtier-operator"
+        ]
+        assert lists == [], f"the operator listed the replicas: {lists[:5]}"
 
 
 def engine_quota(pod: dict) -> int:

@@ -265,12 +265,18 @@ class World:
     pool_view: PoolView
 
     async def pods(self, deployment: InferenceDeployment) -> list[dict[str, Any]]:
-        """The deployment's replicas, from the pod watch (listed only before its first list is in)."""
-        name, namespace = deployment.metadata.name or "", deployment.metadata.namespace or ""
-        known = self.targets.pods_of(namespace, name) if self.targets is not None else None
-        if known is not None:
-            return known
-        return (await self.kube.list(PODS, namespace, label_selector=selector(deployment))).get("items", [])
+        return await replica_pods(self.kube, self.targets, deployment)
+
+
+async def replica_pods(
+    kube: KubeClient, targets: TargetIndex | None, deployment: InferenceDeployment
+) -> list[dict[str, Any]]:
+    """The deployment's replicas, from the pod watch (listed only before its first list is in)."""
+    name, namespace = deployment.metadata.name or "", deployment.metadata.namespace or ""
+    known = targets.pods_of(namespace, name) if targets is not None else None
+    if known is not None:
+        return known
+    return (await kube.list(PODS, namespace, label_selector=selector(deployment))).get("items", [])
 
 
 async def _reconcile(world: World, body: kopf.Body, nodes: list[NodeResources], step: Pass) -> None:

@@ -33,16 +33,17 @@ from pydantic import ValidationError
 from kvtier.api.kvpool import KVPool, KVPoolStatus, RebalanceRecord, RebalanceSpec
 from kvtier.api.units import format_quantity
 from kvtier.controllers.events import post_event
+from kvtier.controllers.inferencedeployments import replica_pods
 from kvtier.controllers.kvpools import POOL, PoolGone, PoolView, read_pool, update_pool_status
 from kvtier.controllers.runtime import InvalidSpec, OperatorConfig
-from kvtier.kube import PODS, APIError, KubeClient
+from kvtier.kube import APIError, KubeClient
 from kvtier.rebalance.actuator import apply_quotas
 from kvtier.rebalance.demand import DemandBook
 from kvtier.rebalance.loop import Decision
 from kvtier.rebalance.round import Member, RoundPlan, plan_round, summary
-from kvtier.render import selector
 from kvtier.storage.ledger import allocated, summarise
 from kvtier.telemetry.metrics import OperatorMetrics
+from kvtier.telemetry.targets import TargetIndex
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ async def rebalance_pool(
     memory: PoolMemory,
     now: float,
     view: PoolView,
+    targets: TargetIndex | None,
 ) -> Decision | None:
     """One round for KVPool `name`, whose `deployments` (from the watch-fed index) name it: the round's
     decision (whether applied or not), None when there is nothing to divide."""
@@ -115,7 +117,7 @@ async def rebalance_pool(
     for gone in memory.exported - {m.key for m in in_round}:  # left the pool: no frozen last value
         metrics.rebalance_quota.remove(name, *gone)
     memory.exported = {m.key for m in in_round}
-    failures = await _actuate(kube, http, config, plan)
+    failures = await _actuate(kube, http, config, plan, targets)
     if failures:
         metrics.actuation_errors.labels(pool=name).inc(len(failures))
         await post_event(
@@ -188,7 +190,13 @@ async def _write_record(kube: KubeClient, name: str, record: RebalanceRecord, vi
         pass
 
 
-async def _actuate(kube: KubeClient, http: aiohttp.ClientSession, config: OperatorConfig, plan: RoundPlan) -> list[str]:
+async def _actuate(
+    kube: KubeClient,
+    http: aiohttp.ClientSession,
+    config: OperatorConfig,
+    plan: RoundPlan,
+    targets: TargetIndex | None,
+) -> list[str]:
     """Live quotas, shrinks first (the loop's order); modes without a quota API roll on their next reconcile."""
     failures: list[str] = []
     for change in plan.decision.changes:
@@ -199,8 +207,8 @@ async def _actuate(kube: KubeClient, http: aiohttp.ClientSession, config: Operat
         if quota > member.quota and failures:
             failures.append(f"{change.name}: grow deferred until the shrinks apply")
             continue
-        pods = await kube.list(PODS, member.key[0], label_selector=selector(member.deployment))
-        results = await apply_quotas(kube, http, pods.get("items", []), quota, config.render.lmcache_http_port)
+        pods = await replica_pods(kube, targets, member.deployment)
+        results = await apply_quotas(kube, http, pods, quota, config.render.lmcache_http_port)
         # an unanswered replica may still hold its old quota: it counts, so grows wait for the shrinks
         failures += [f"{r.pod}: {r.detail}" for r in results if not (r.applied or r.skipped)]
     return failures
@@ -259,6 +267,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                     memory,
                     time.time(),
                     memo.pool_view,
+                    getattr(getattr(memo, "telemetry", None), "targets", None),
                 )
                 if decision is not None:
                     log.debug("KVPool %s: rebalance round %s: %s", name, decision.outcome, decision.reason)
