@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO_ROOT
 
 README = (REPO_ROOT / "README.md").read_text()
@@ -47,7 +49,8 @@ def test_the_try_your_own_manifests_session_runs_as_written(tmp_path):
     (tmp_path / ".venv").symlink_to(VENV)
     up, *session = _commands(_section("Try your own manifests"))
     assert up.startswith(".venv/bin/kvtier dev up")
-    env = {**os.environ, "HOME": str(tmp_path), "KUBECACHEDIR": str(tmp_path / "kubecache")}
+    # PYTHONFAULTHANDLER: a stop that hangs is failed with every thread's stack (SIGABRT below), not a bare timeout.
+    env = {**os.environ, "HOME": str(tmp_path), "KUBECACHEDIR": str(tmp_path / "kubecache"), "PYTHONFAULTHANDLER": "1"}
     process = subprocess.Popen(
         shlex.split(up) + ["--nodes", "2"],
         cwd=tmp_path,
@@ -74,7 +77,12 @@ def test_the_try_your_own_manifests_session_runs_as_written(tmp_path):
         assert "Tokens per LMCache chunk" in text  # kubectl explain shows the CRD's descriptions
     finally:
         process.send_signal(signal.SIGINT)
-        rest, _ = process.communicate(timeout=60)
+        try:
+            rest, _ = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            rest, _ = process.communicate(timeout=30)
+            pytest.fail(f"dev up did not stop within 60 s of Ctrl-C; its output and stacks:\n{''.join(lines)}{rest}")
     output = "".join(lines) + rest
     assert process.returncode == 130, output
     assert "Traceback" not in output and "OS signals are ignored" not in output, output

@@ -10,14 +10,13 @@ from kvtier.contract import LMCACHE_CONTAINER, QUOTA_GATE, quota_path
 from kvtier.rebalance.actuator import RAW_BLOCK_MISSING, apply_quotas, exit_reason
 
 
-class PodsNow:
-    """The API's answer to a GET of a pod, as it stands after the quota call (None: deleted)."""
+def replicas_now(pods: list):
+    """The pod watch's replicas of the deployment as they stand after the quota call (a deleted one is absent)."""
 
-    def __init__(self, pods: dict):
-        self.pods = pods
+    async def now() -> list:
+        return pods
 
-    async def get_or_none(self, resource, namespace, name):
-        return self.pods.get(name)
+    return now
 
 
 def replica(name: str, gate: str = "True", uid: str = "u1") -> dict:
@@ -82,10 +81,8 @@ def test_a_server_that_does_not_answer_is_said_so_and_spares_a_replica_already_s
         port = runner.addresses[0][1]
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.2)) as http:
-                replicas = [replica("serving-0", "True"), replica("new-1", "False")]
-                return await apply_quotas(
-                    PodsNow({r["metadata"]["name"]: r for r in replicas}), http, replicas, 2**30, port
-                )
+                replicas = [replica("serving-0", "True", uid="u0"), replica("new-1", "False", uid="u1")]
+                return await apply_quotas(None, http, replicas, 2**30, port, replicas_now(replicas))
         finally:
             await runner.cleanup()
 
@@ -99,17 +96,17 @@ def test_a_replica_replaced_during_the_call_is_skipped_and_one_still_serving_is_
     """Raising a volume's size rolls the StatefulSet (the device file is sized at start): the replica the
     controller deletes refuses the call the same moment. That is its successor's quota, not a failure;
     a refusal from a replica the API still calls serving is one."""
-    replaced, renamed, deleting, serving = (replica(f"chat-{i}") for i in range(4))
-    now = {
-        "chat-1": {**renamed, "metadata": {**renamed["metadata"], "uid": "u2"}},  # a new pod of the same name
-        "chat-2": {**deleting, "metadata": {**deleting["metadata"], "deletionTimestamp": "2026-12-05T00:00:00Z"}},
-        "chat-3": serving,
-    }  # chat-0 is gone
+    replaced, renamed, deleting, serving = (replica(f"chat-{i}", uid=f"u{i}") for i in range(4))
+    now = [
+        {**renamed, "metadata": {**renamed["metadata"], "uid": "u1-successor"}},  # a new pod of the same name
+        {**deleting, "metadata": {**deleting["metadata"], "deletionTimestamp": "2026-12-05T00:00:00Z"}},
+        serving,
+    ]  # chat-0 is gone
 
     async def scenario() -> list:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
             return await apply_quotas(
-                PodsNow(now), http, [replaced, renamed, deleting, serving], 2**30, await free_port()
+                None, http, [replaced, renamed, deleting, serving], 2**30, await free_port(), replicas_now(now)
             )
 
     *gone, refused = asyncio.run(scenario())

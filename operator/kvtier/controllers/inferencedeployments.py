@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -348,7 +349,12 @@ async def _reconcile(world: World, body: kopf.Body, nodes: list[NodeResources], 
     await prune_children(kube, observed, children, kinds)
     if storage is not None and binding is not None and deployment.spec.kv_cache.mode == "LMCacheMP":
         results = await apply_quotas(
-            kube, world.http, await world.pods(deployment), quota, config.render.lmcache_http_port
+            kube,
+            world.http,
+            await world.pods(deployment),
+            quota,
+            config.render.lmcache_http_port,
+            replicas_now=partial(world.pods, deployment),
         )
         failed = [
             f"{r.pod}: {r.detail}"

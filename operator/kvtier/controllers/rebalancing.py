@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -207,8 +208,9 @@ async def _actuate(
         if quota > member.quota and failures:
             failures.append(f"{change.name}: grow deferred until the shrinks apply")
             continue
-        pods = await replica_pods(kube, targets, member.deployment)
-        results = await apply_quotas(kube, http, pods, quota, config.render.lmcache_http_port)
+        replicas_now = partial(replica_pods, kube, targets, member.deployment)
+        pods = await replicas_now()
+        results = await apply_quotas(kube, http, pods, quota, config.render.lmcache_http_port, replicas_now)
         # an unanswered replica may still hold its old quota: it counts, so grows wait for the shrinks
         failures += [f"{r.pod}: {r.detail}" for r in results if not (r.applied or r.skipped)]
     return failures

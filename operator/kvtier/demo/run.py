@@ -141,8 +141,9 @@ async def _apply(kube: KubeClient, manifests: DemoManifests) -> None:
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):  # not wait_for: on 3.11 it can swallow a cancellation
+            await stop.wait()
 
 
 def _install_signals(stop: asyncio.Event, received: list[int]) -> Callable[[], None]:

@@ -14,6 +14,7 @@ needs and lmcache 0.5.6 does not install.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,9 +120,14 @@ async def apply_quotas(
     pods: list[dict[str, Any]],
     quota_bytes: int,
     port: int,
+    replicas_now: Callable[[], Awaitable[list[dict[str, Any]]]],
     container: str = LMCACHE_CONTAINER,
 ) -> list[QuotaResult]:
-    """Bring every running replica to `quota_bytes` and open its gate; replicas not serving are skipped."""
+    """Bring every running replica to `quota_bytes` and open its gate; replicas not serving are skipped.
+
+    `replicas_now` gives the deployment's replicas as the pod watch has them now: after a failed call, it
+    tells a replica that was replaced or deleted meanwhile from one that still serves (no GET per pod).
+    """
 
     def serving(pod: dict[str, Any]) -> bool:
         address = (pod.get("status") or {}).get("podIP")
@@ -130,10 +136,11 @@ async def apply_quotas(
     async def gone_meanwhile(pod: dict[str, Any]) -> bool:
         """Whether the replica stopped serving while we called it (a rolling update replacing it, a scale-down)."""
         try:
-            current = await kube.get_or_none(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"])
+            now = {p["metadata"].get("uid"): p for p in await replicas_now()}
         except APIError:
             return False  # cannot tell: report what the call met
-        return current is None or current["metadata"]["uid"] != pod["metadata"]["uid"] or not serving(current)
+        current = now.get(pod["metadata"].get("uid"))
+        return current is None or not serving(current)
 
     async def one(pod: dict[str, Any]) -> QuotaResult:
         name = pod["metadata"]["name"]

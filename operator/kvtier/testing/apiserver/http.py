@@ -440,7 +440,8 @@ class APIHandler:
                     next_bookmark = now + self.bookmark_interval
                     continue
                 try:
-                    item = await asyncio.wait_for(watcher.queue.get(), wait)
+                    async with asyncio.timeout(wait):  # not wait_for: on 3.11 it can swallow a cancellation
+                        item = await watcher.queue.get()
                 except TimeoutError:
                     continue
                 chunks = []

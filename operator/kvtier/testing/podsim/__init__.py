@@ -155,8 +155,11 @@ class PodSimulator(WorkloadControllers, VolumeControllers, Scheduler, Kubelet):
                 except aiohttp.ClientError as error:
                     log.warning("pod simulator cannot reach the API: %s", error)
                 self.passes += 1
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.resync)
+                # Not asyncio.wait_for: on Python 3.11 a cancellation that lands as the wake-up comes is swallowed
+                # (bpo-42130), and the stop that sent it waits forever on a loop that goes on.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.resync):
+                        await self._wake.wait()
                 self._wake.clear()
         finally:
             for task in watchers:
