@@ -10,7 +10,9 @@ Runs on the embedded cluster only (its pods run kvsim engines; the broken endpoi
 from __future__ import annotations
 
 import copy
+import json
 import time
+import urllib.request
 
 import aiohttp
 import pytest
@@ -19,6 +21,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier.api.units import parse_quantity
+from kvtier.contract import quota_path
 from kvtier.kube import EVENTS, INFERENCEDEPLOYMENTS, KVPOOLS, PODS
 from kvtier.sim.server import lmcache_app, start_site
 from tests.conftest import wait_for
@@ -252,6 +255,49 @@ def test_status_kv_matches_what_the_engines_metrics_say(cluster, deployed, inter
     assert 0 < kv["hbmWatermark"] <= kv["hbmWatermarkMax"]
     assert kv["storage"]["quota"] == "4Ti" and kv["preemptionsPerSecond"] == 0
     assert condition(body, "MetricsAvailable")["reason"] == "MetricsFresh"
+
+
+def test_a_replica_serving_its_quota_is_not_called_again_and_one_that_lost_it_is(cluster, deployed, interval):
+    """Steady state makes no quota call (each resync used to GET every replica's quota to compare it); a
+    server that lost its quota, as a restarted LMCache container does, reports none at the next scrape and
+    is set again. Counted at the replicas: requests to `/quota/_default` (the scrape reads `/quota`)."""
+    namespace, pods = deployed
+    resync = cluster.cluster.operator.resync_seconds
+    calls: list[tuple[str, str]] = []
+
+    async def count_quota_calls(pod):
+        """The MP server's HTTP port again, counting the calls to the replica's quota."""
+        uid, name = pod["metadata"]["uid"], pod["metadata"]["name"]
+        [running] = cluster.cluster.simulator.engines(uid)[1].parts  # containers: vllm, lmcache, kvtier-probe
+        await running.runners[0].cleanup()
+
+        @web.middleware
+        async def counted(request, handler):
+            if request.path == quota_path():
+                calls.append((name, request.method))
+            return await handler(request)
+
+        app = lmcache_app(cluster.cluster.engine_factory.server(uid))
+        app.middlewares.insert(0, counted)
+        running.runners[0] = await start_site(app, pod["status"]["podIP"], 8080)
+
+    for pod in pods:
+        cluster.run(count_quota_calls(pod))
+    time.sleep(3 * max(resync, interval))
+    assert calls == [], f"quota calls to replicas already serving their quota: {calls}"
+    lost = pods[0]
+    request = urllib.request.Request(f"http://{lost['status']['podIP']}:8080{quota_path()}", method="DELETE")
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        assert json.load(reply)["status"] == "removed"
+    calls.clear()
+    wait_for(
+        lambda: (lost["metadata"]["name"], "PUT") in calls,
+        timeout=4 * max(resync, interval),
+        message="the quota set again on the replica that lost it",
+    )
+    assert {name for name, _ in calls} == {lost["metadata"]["name"]}, calls
+    with urllib.request.urlopen(f"http://{lost['status']['podIP']}:8080{quota_path()}", timeout=5) as reply:
+        assert json.load(reply)["limit_gb"] == 4096  # the example's 4Ti
 
 
 def test_a_garbage_or_killed_endpoint_makes_metrics_unavailable_with_a_reason(cluster, deployed, interval):

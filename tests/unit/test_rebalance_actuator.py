@@ -7,7 +7,7 @@ import aiohttp
 from aiohttp import web
 
 from kvtier.contract import LMCACHE_CONTAINER, QUOTA_GATE, quota_path
-from kvtier.rebalance.actuator import RAW_BLOCK_MISSING, apply_quotas, exit_reason
+from kvtier.rebalance.actuator import RAW_BLOCK_MISSING, apply_quotas, exit_reason, quota_in_place
 
 
 def replicas_now(pods: list):
@@ -115,3 +115,11 @@ def test_a_replica_replaced_during_the_call_is_skipped_and_one_still_serving_is_
             result.skipped and not result.applied and result.detail.startswith("stopped serving during the call (")
         ), result
     assert not (refused.skipped or refused.unanswered or refused.applied) and "Connect call failed" in refused.detail
+
+
+def test_a_quota_is_in_place_only_behind_an_open_gate_and_as_the_last_fresh_scrape_read_it():
+    tib = 2**40
+    assert quota_in_place(replica("chat-0", "True"), 4 * tib, 4 * tib)
+    assert not quota_in_place(replica("chat-0", "False"), 4 * tib, 4 * tib)  # never confirmed by the operator
+    assert not quota_in_place(replica("chat-0", "True"), 4 * tib, None)  # no fresh scrape, or the server lost it
+    assert not quota_in_place(replica("chat-0", "True"), 4 * tib, 3 * tib)  # a round moved it

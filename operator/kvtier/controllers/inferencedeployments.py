@@ -17,6 +17,7 @@ differs from what the object holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -55,7 +56,7 @@ from kvtier.kube import (
     APIError,
     KubeClient,
 )
-from kvtier.rebalance.actuator import apply_quotas
+from kvtier.rebalance.actuator import apply_quotas, quota_in_place
 from kvtier.render import (
     NodeResources,
     RenderError,
@@ -179,14 +180,16 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     async def reconcile(body: kopf.Body, memo: kopf.Memo, nodes: kopf.Index, **kwargs: Any) -> None:
         kube: KubeClient = memo.kube
         step = Pass(body, kwargs.get("retry") or 0)
+        telemetry = getattr(memo, "telemetry", None)
         world = World(
             kube,
             memo.http,
             config,
             memo.applied,
             Observed(kwargs, body.metadata.namespace, body.metadata.name),
-            getattr(getattr(memo, "telemetry", None), "targets", None),
+            getattr(telemetry, "targets", None),
             memo.pool_view,
+            getattr(telemetry, "scraped_quota_bytes", _nothing_scraped),
         )
         try:
             with api_errors():
@@ -264,9 +267,16 @@ class World:
     observed: Observed
     targets: TargetIndex | None
     pool_view: PoolView
+    #: (namespace, deployment, pod) -> the quota the replica's server reported at its last fresh scrape.
+    scraped_quota: Callable[[str, str, str], float | None]
 
     async def pods(self, deployment: InferenceDeployment) -> list[dict[str, Any]]:
         return await replica_pods(self.kube, self.targets, deployment)
+
+
+def _nothing_scraped(namespace: str, deployment: str, pod: str) -> None:
+    """Without the telemetry loop no quota is known to be in place: every replica is called."""
+    return None
 
 
 async def replica_pods(
@@ -348,10 +358,16 @@ async def _reconcile(world: World, body: kopf.Body, nodes: list[NodeResources], 
     kinds = [kind for kind in CHILD_RESOURCES if kind != "PodMonitor" or config.render.pod_monitor]
     await prune_children(kube, observed, children, kinds)
     if storage is not None and binding is not None and deployment.spec.kv_cache.mode == "LMCacheMP":
+        namespace = deployment.metadata.namespace or ""
+        due = [
+            pod
+            for pod in await world.pods(deployment)
+            if not quota_in_place(pod, quota, world.scraped_quota(namespace, name, pod["metadata"]["name"]))
+        ]
         results = await apply_quotas(
             kube,
             world.http,
-            await world.pods(deployment),
+            due,
             quota,
             config.render.lmcache_http_port,
             replicas_now=partial(world.pods, deployment),

@@ -118,6 +118,11 @@ class TelemetryLoop:
         else:
             known.body = dict(body)
 
+    def scraped_quota_bytes(self, namespace: str, deployment: str, pod: str) -> float | None:
+        """The quota replica `pod` served at its last fresh scrape (None: unknown, stale, or none set)."""
+        known = self.deployments.get((namespace, deployment))
+        return known.window.fresh_quota_bytes(pod, time.time()) if known is not None else None
+
     async def run(self) -> None:
         """Scrape, summarise and report every interval until cancelled."""
         timeout = min(self.config.scrape_timeout_seconds, self.config.scrape_interval_seconds)

@@ -20,7 +20,7 @@ from typing import Any
 
 import aiohttp
 
-from kvtier.api.units import gib
+from kvtier.api.units import GIB, gib
 from kvtier.contract import DEFAULT_SALT, LMCACHE_CONTAINER, QUOTA_GATE, quota_path
 from kvtier.kube import PODS, APIError, KubeClient
 
@@ -73,6 +73,15 @@ def exit_reason(pod: dict[str, Any], name: str) -> str | None:
 def _gate_open(pod: dict[str, Any]) -> bool:
     conditions = (pod.get("status") or {}).get("conditions", [])
     return any(c.get("type") == QUOTA_GATE and c.get("status") == "True" for c in conditions)
+
+
+def quota_in_place(pod: dict[str, Any], quota_bytes: int, scraped_bytes: float | None) -> bool:
+    """Whether a replica already serves `quota_bytes`: its gate is open and its server reported that quota at
+    its last fresh scrape. A resync calls only the others, so steady state makes no quota call; a server that
+    lost its quota (a restarted container) reports none, and is called again."""
+    return (
+        _gate_open(pod) and scraped_bytes is not None and abs(scraped_bytes / GIB - gib(quota_bytes)) <= GIB_TOLERANCE
+    )
 
 
 async def set_quota(http: aiohttp.ClientSession, address: str, port: int, quota_bytes: int) -> str | None:
