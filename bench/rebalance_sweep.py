@@ -11,24 +11,39 @@ in intervals). The table gives, per setting and scenario, kvtier's block hit rat
 max(shared, oracle-dynamic), then the worst and the mean over the scenarios; the best setting is
 the one with the highest worst case (ties: the mean). ``--grid around`` varies one knob at a time
 from the shipped defaults; ``--grid full`` tries every combination of the values below.
+``--variants`` instead runs changes of the algorithm (:data:`VARIANTS`) with the shipped settings.
 
-    .venv/bin/python bench/rebalance_sweep.py [--grid around|full] [--scenario FILE ...]
+    .venv/bin/python bench/rebalance_sweep.py [--grid around|full | --variants] [--scenario FILE ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import pathlib
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 
 from kvtier.api.kvpool import RebalanceSpec
 from kvtier.api.units import parse_duration
+from kvtier.probe.options import ProbeOptions
+from kvtier.rebalance.allocator import predict
 from kvtier.rebalance.demand import HALF_LIFE_INTERVALS
+from kvtier.rebalance.estimator import CounterReading, DemandEstimator, Estimate, ProbeReading
+from kvtier.rebalance.loop import WARMUP_HORIZON_INTERVALS, DeploymentState
+from kvtier.rebalance.loop import _demands as loop_demands  # the loop's own valuation of a split
 from kvtier.sim.cache import IsolatedLRU
 from kvtier.sim.hindsight import Hindsight
-from kvtier.sim.policies import KvtierPolicy, OracleDynamicPolicy, PreviousEpochOracle, build_policies, run_policy
+from kvtier.sim.policies import (
+    STALE_SCRAPES,
+    KvtierPolicy,
+    OracleDynamicPolicy,
+    PreviousEpochOracle,
+    build_policies,
+    run_policy,
+)
 from kvtier.sim.scenario import Scenario, load_scenario
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -104,6 +119,108 @@ class RefillingOracle(OracleDynamicPolicy):
         return IsolatedLRU(self.initial_quotas(scenario))
 
 
+class TeeEstimator(DemandEstimator):
+    """An estimator that feeds every reading to a second one as well (a longer window, say)."""
+
+    def __init__(self, half_life_seconds: float, stale_seconds: float, also: DemandEstimator) -> None:
+        super().__init__(half_life_seconds, stale_seconds)
+        self.also = also
+
+    def observe_probe(self, reading: ProbeReading) -> None:
+        super().observe_probe(reading)
+        self.also.observe_probe(reading)
+
+    def observe_counters(self, reading: CounterReading) -> None:
+        super().observe_counters(reading)
+        self.also.observe_counters(reading)
+
+
+class TwoWindowPolicy(KvtierPolicy):
+    """kvtier with a second estimator per tenant over a window of ``long_intervals`` intervals."""
+
+    def __init__(self, scenario: Scenario, long_intervals: float) -> None:
+        super().__init__(scenario)
+        interval, stale = self.settings.interval_seconds, STALE_SCRAPES * scenario.scrape_seconds
+        self.long = {name: DemandEstimator(long_intervals * interval, stale) for name in self.estimators}
+        self.estimators = {
+            name: TeeEstimator(estimator.half_life, stale, self.long[name])
+            for name, estimator in self.estimators.items()
+        }
+
+    def long_estimate(
+        self, tenant: str, now: float, units: int, *, unit_chunks: float, front_chunks: float
+    ) -> Estimate:
+        return self.long[tenant].estimate(
+            now, units, unit_chunks=unit_chunks, chunk_tokens=self.scenario.block_tokens, front_chunks=front_chunks
+        )
+
+
+class TrendPolicy(TwoWindowPolicy):
+    """Extrapolates each curve along its trend: short + ``k`` x (short - long), kept non-decreasing
+    (growing reuse shows in the short window before the long one)."""
+
+    def __init__(self, scenario: Scenario, long_intervals: float, k: float) -> None:
+        super().__init__(scenario, long_intervals)
+        self.k = k
+
+    def estimate(self, tenant: str, now: float, units: int, *, unit_chunks: float, front_chunks: float) -> Estimate:
+        short = super().estimate(tenant, now, units, unit_chunks=unit_chunks, front_chunks=front_chunks)
+        long = self.long_estimate(tenant, now, units, unit_chunks=unit_chunks, front_chunks=front_chunks)
+        if short.stale or long.stale:
+            return short
+        curve = [0.0]
+        for recent, older in zip(short.curve[1:], long.curve[1:]):
+            curve.append(max(curve[-1], recent + self.k * (recent - older)))
+        return replace(short, curve=tuple(curve))
+
+
+class VetoPolicy(TwoWindowPolicy):
+    """Hysteresis: a move is made only when the long window predicts it gains too (noise in the short
+    window then cannot move quota back and forth)."""
+
+    def decide(self, now: float, current: Mapping[str, int]) -> Mapping[str, int] | None:
+        last_move = self.last_move
+        target = super().decide(now, current)
+        if target is None:
+            return None
+        scenario, unit, settings = self.scenario, self.unit_blocks, self.settings
+        capacity = scenario.capacity_blocks // unit
+        states = {
+            tenant.name: DeploymentState(
+                current[tenant.name] // unit,
+                self.long_estimate(
+                    tenant.name, now, capacity, unit_chunks=unit, front_chunks=max(tenant.hbm_blocks, tenant.cpu_blocks)
+                ),
+                unit_tokens=unit * scenario.block_tokens,
+            )
+            for tenant in scenario.tenants
+        }
+        active = {name: state for name, state in states.items() if not state.frozen}
+        demands = loop_demands(
+            active, math.floor(settings.max_step * capacity), settings.interval_seconds * WARMUP_HORIZON_INTERVALS
+        )
+        before = predict(demands, {name: state.current for name, state in active.items()})
+        if predict(demands, {name: target[name] // unit for name in active}) < before:
+            self.last_move = last_move  # vetoed: the pool did not move
+            return None
+        return target
+
+
+#: Changes of the algorithm tried against the shipped one (all with the shipped settings).
+VARIANTS: dict[str, Callable[[Scenario], KvtierPolicy]] = {
+    "shipped": KvtierPolicy,
+    "probe: 4 buckets an octave (shipped: 2)": lambda s: KvtierPolicy(
+        s, probe=ProbeOptions(log_dir="", buckets_per_octave=4)
+    ),
+    "probe: 8 buckets an octave": lambda s: KvtierPolicy(s, probe=ProbeOptions(log_dir="", buckets_per_octave=8)),
+    "trend: k 0.5 against a 1-interval window": lambda s: TrendPolicy(s, 1.0, 0.5),
+    "trend: k 0.5 against a 4-interval window": lambda s: TrendPolicy(s, 4.0, 0.5),
+    "trend: k 1 against a 1-interval window": lambda s: TrendPolicy(s, 1.0, 1.0),
+    "veto unless a 2-interval window gains too": lambda s: VetoPolicy(s, 2.0),
+    "veto unless a 4-interval window gains too": lambda s: VetoPolicy(s, 4.0),
+}
+
+
 def with_spec(scenario: Scenario, spec: dict) -> Scenario:
     return scenario.model_copy(update={"rebalance": RebalanceSpec.model_validate(spec)})
 
@@ -120,6 +237,9 @@ def main() -> None:
         help="start --grid around from this instead of the shipped default",
     )
     parser.add_argument("--knob", action="append", default=[], help="vary only these knobs")
+    parser.add_argument(
+        "--variants", action="store_true", help="run the changes of the algorithm (VARIANTS) instead of a grid"
+    )
     args = parser.parse_args()
     paths = args.scenario or [PUBLIC, *OWN]
     scenarios = [load_scenario(path) for path in paths]
@@ -150,32 +270,44 @@ def main() -> None:
     print()
     names = [scenario.name for scenario in scenarios]
     print("kvtier block hit ratio / max(shared, oracle-dynamic):")
-    print("| setting | " + " | ".join(names) + " | worst | mean | s |")
+    print(f"| {'variant' if args.variants else 'setting'} | " + " | ".join(names) + " | worst | mean | s |")
     print("|---|" + "---:|" * (len(names) + 3))
     rows = []
+
+    def row(label: str, policy_of: Callable[[Scenario], KvtierPolicy], spec: dict | None = None) -> None:
+        started = time.perf_counter()
+        shares = []
+        for scenario in scenarios:
+            adjusted = with_spec(scenario, spec) if spec is not None else scenario
+            result = run_policy(policy_of(adjusted), adjusted, loaded[scenario.name])
+            shares.append(result.overall.block_hit_ratio / best[scenario.name])
+        worst, mean = min(shares), sum(shares) / len(shares)
+        rows.append((worst, mean, label))
+        print(
+            f"| {label} | "
+            + " | ".join(f"{share:.3f}" for share in shares)
+            + f" | {worst:.3f} | {mean:.3f} | {time.perf_counter() - started:.0f} |",
+            flush=True,
+        )
+
+    if args.variants:
+        for label, policy_of in VARIANTS.items():
+            row(label, policy_of)
+        worst, mean, label = max(rows, key=lambda row: (row[0], row[1]))
+        print(f"\nbest: {label} (worst {worst:.3f}, mean {mean:.3f})")
+        return
     overrides = {}
     for item in args.base:
         key, value = item.split("=", 1)
         overrides[key] = float(value) if key in ("maxStep", "minGain", "halfLife") else f"{parse_duration(value):g}s"
     for setting in grid(args.grid, overrides, args.knob):
-        started = time.perf_counter()
-        shares = []
-        for scenario in scenarios:
-            adjusted = with_spec(scenario, setting.spec)
-            result = run_policy(
-                KvtierPolicy(adjusted, half_life_intervals=setting.half_life), adjusted, loaded[scenario.name]
-            )
-            shares.append(result.overall.block_hit_ratio / best[scenario.name])
-        worst, mean = min(shares), sum(shares) / len(shares)
-        rows.append((worst, mean, setting))
-        print(
-            f"| {setting.label} | "
-            + " | ".join(f"{share:.3f}" for share in shares)
-            + f" | {worst:.3f} | {mean:.3f} | {time.perf_counter() - started:.0f} |",
-            flush=True,
+        row(
+            setting.label,
+            lambda scenario, half_life=setting.half_life: KvtierPolicy(scenario, half_life_intervals=half_life),
+            setting.spec,
         )
-    worst, mean, setting = max(rows, key=lambda row: (row[0], row[1]))
-    print(f"\nbest: {setting.label} (worst {worst:.3f}, mean {mean:.3f}); shipped: {defaults().label}")
+    worst, mean, label = max(rows, key=lambda row: (row[0], row[1]))
+    print(f"\nbest: {label} (worst {worst:.3f}, mean {mean:.3f}); shipped: {defaults().label}")
 
 
 if __name__ == "__main__":

@@ -20,15 +20,13 @@ from kvtier.probe.demand import DemandProbe
 from kvtier.probe.options import ProbeOptions
 from kvtier.rebalance.allocator import Demand, allocate, apportion, moved_units
 from kvtier.rebalance.demand import HALF_LIFE_INTERVALS
-from kvtier.rebalance.estimator import CounterReading, DemandEstimator, ProbeReading
+from kvtier.rebalance.estimator import CounterReading, DemandEstimator, Estimate, ProbeReading
 from kvtier.rebalance.loop import Decision, DeploymentState, LoopSettings, decide
 from kvtier.sim.cache import IsolatedLRU
 from kvtier.sim.engine import RequestOutcome, Tier
 from kvtier.sim.hindsight import Hindsight, HindsightPool
 from kvtier.sim.replay import Replay, ReplayResult, TenantWorkload
 from kvtier.sim.scenario import Scenario
-
-#: LMCache's name for the salt of requests that carry none.
 
 
 def probe_reading(probe: DemandProbe, time: float) -> ProbeReading:
@@ -251,10 +249,16 @@ class KvtierPolicy(DynamicPolicy):
     name = "kvtier"
 
     def __init__(
-        self, scenario: Scenario, half_life_intervals: float = HALF_LIFE_INTERVALS, units: int = REPLAY_UNITS
+        self,
+        scenario: Scenario,
+        half_life_intervals: float = HALF_LIFE_INTERVALS,
+        units: int = REPLAY_UNITS,
+        probe: ProbeOptions | None = None,
     ) -> None:
         self.settings = LoopSettings.from_spec(scenario.rebalance)
         self.scenario = scenario
+        #: The probe sidecar's settings (its defaults unless given).
+        self.probe = probe or ProbeOptions(log_dir="")
         self.estimators = {
             tenant.name: DemandEstimator(
                 half_life_intervals * self.settings.interval_seconds, STALE_SCRAPES * scenario.scrape_seconds
@@ -280,14 +284,14 @@ class KvtierPolicy(DynamicPolicy):
         return self.settings.interval_seconds
 
     def attach(self, replay: Replay, scenario: Scenario) -> None:
-        defaults = ProbeOptions(log_dir="")
+        options = self.probe
         probes = {}
         for tenant in scenario.tenants:
             probe = probes[tenant.name] = DemandProbe(
-                defaults.max_blocks,
-                window_seconds=defaults.window,
-                tick_seconds=defaults.tick,
-                buckets_per_octave=defaults.buckets_per_octave,
+                options.max_blocks,
+                window_seconds=options.window,
+                tick_seconds=options.tick,
+                buckets_per_octave=options.buckets_per_octave,
             )
             for engine in replay.replicas[tenant.name]:
                 engine.listeners.append(_lookup_log(probe))
@@ -316,17 +320,29 @@ class KvtierPolicy(DynamicPolicy):
         super().attach(replay, scenario)
 
     def decide(self, now: float, current: Mapping[str, int]) -> Mapping[str, int] | None:
+        capacity = self.scenario.capacity_blocks // self.unit_blocks
+        decision = decide(self.states(now, current), capacity, self.settings, now, self.last_move)
+        self.decisions.append((now, decision))
+        if not decision.applies:
+            return None
+        self.last_move = now
+        return {name: units * self.unit_blocks for name, units in decision.target.items()}
+
+    def estimate(self, tenant: str, now: float, units: int, *, unit_chunks: float, front_chunks: float) -> Estimate:
+        """A tenant's curve over ``0..units`` allocation units, as its estimator reads it now."""
+        return self.estimators[tenant].estimate(
+            now, units, unit_chunks=unit_chunks, chunk_tokens=self.scenario.block_tokens, front_chunks=front_chunks
+        )
+
+    def states(self, now: float, current: Mapping[str, int]) -> dict[str, DeploymentState]:
+        """What the loop knows of every tenant now (quotas in allocation units)."""
         scenario = self.scenario
         unit = self.unit_blocks
         capacity = scenario.capacity_blocks // unit
         states = {}
         for tenant, cost in zip(scenario.tenants, self.costs):
-            estimate = self.estimators[tenant.name].estimate(
-                now,
-                capacity,
-                unit_chunks=unit,
-                chunk_tokens=scenario.block_tokens,
-                front_chunks=max(tenant.hbm_blocks, tenant.cpu_blocks),
+            estimate = self.estimate(
+                tenant.name, now, capacity, unit_chunks=unit, front_chunks=max(tenant.hbm_blocks, tenant.cpu_blocks)
             )
             max_units = None if tenant.max_blocks is None else tenant.max_blocks // unit
             # A hit token is worth the GPU seconds it saves, on average over the tenant's mean prompt.
@@ -341,12 +357,7 @@ class KvtierPolicy(DynamicPolicy):
                 max_units=max_units,
                 unit_tokens=unit * scenario.block_tokens,
             )
-        decision = decide(states, capacity, self.settings, now, self.last_move)
-        self.decisions.append((now, decision))
-        if not decision.applies:
-            return None
-        self.last_move = now
-        return {name: units * unit for name, units in decision.target.items()}
+        return states
 
 
 def _lookup_log(probe: DemandProbe) -> Callable[[RequestOutcome], None]:
