@@ -15,7 +15,6 @@ from kvtier.rebalance.estimator import (
     confidence,
     deployment_curve,
     interpolate,
-    prefill_seconds_saved_per_token,
     probe_increment,
 )
 from kvtier.sim.cache import LRUCache
@@ -215,8 +214,3 @@ def test_a_deployment_curve_splits_its_units_between_replicas():
     assert deployment_curve([replica, replica], 2, 7) == [0.0, 0.0, 2.0, 2.0, 3.0, 3.0, 3.5, 3.5]
     # An unscraped replica counts as the mean of the others.
     assert deployment_curve([replica], 2, 4) == [0.0, 0.0, 2.0, 2.0, 3.0]
-
-
-def test_a_hit_token_is_worth_its_prefill_time_minus_its_load_time_and_never_less_than_nothing():
-    assert prefill_seconds_saved_per_token(20_000, 327_680, 5e9) == 0.0  # loading is slower than recomputing
-    assert prefill_seconds_saved_per_token(10_000, 131_072, 10e9) == pytest.approx(1e-4 - 1.31072e-5)

@@ -317,15 +317,3 @@ def deployment_curve(replica_curves: Sequence[Sequence[float]], replicas: int, u
         return curve[min(quota, len(curve) - 1)]
 
     return [scale * sum(at(curve, total // replicas) for curve in replica_curves) for total in range(units + 1)]
-
-
-def prefill_seconds_saved_per_token(
-    prefill_tokens_per_second: float, kv_bytes_per_token: float, read_bytes_per_second: float
-) -> float:
-    """Value of one storage hit token in prefill seconds: its recompute time minus its load time.
-
-    Clamped at 0: where loading is slower than recomputing, a storage hit saves nothing (the
-    allocator then gives such a deployment no more than its minimum). Use it as
-    :class:`~kvtier.rebalance.allocator.Demand`'s ``hit_value``; 1 values hit tokens.
-    """
-    return max(0.0, 1.0 / prefill_tokens_per_second - kv_bytes_per_token / read_bytes_per_second)
