@@ -44,6 +44,7 @@ from kvtier.sim.policies import (
     build_policies,
     run_policy,
 )
+from kvtier.sim.replay import Replay
 from kvtier.sim.scenario import Scenario, load_scenario
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -206,6 +207,29 @@ class VetoPolicy(TwoWindowPolicy):
         return target
 
 
+class QueueReliefPolicy(KvtierPolicy):
+    """Values a tenant's hits by the GPU queue they relieve: the cost model's GPU seconds x 1 / (1 - u),
+    u the share of the last round its replicas' GPUs were busy (capped at 0.95; a pod would read it from
+    ``vllm:request_prefill_time_seconds``): a hit on a busy replica shortens every wait behind it, one on
+    an idle replica only its own prefill."""
+
+    def attach(self, replay: Replay, scenario: Scenario) -> None:
+        self.replay = replay
+        self.busy: dict[str, tuple[float, float]] = {}
+        super().attach(replay, scenario)
+
+    def states(self, now: float, current: Mapping[str, int]) -> dict[str, DeploymentState]:
+        states = super().states(now, current)
+        for name, state in states.items():
+            queues = self.replay.queues[name]
+            busy = sum(queue.gpu_seconds for queue in queues)
+            since, busy_then = self.busy.get(name, (0.0, 0.0))
+            self.busy[name] = (now, busy)
+            utilization = min(0.95, (busy - busy_then) / max(now - since, 1e-9) / len(queues))
+            states[name] = replace(state, hit_value=state.hit_value / (1 - utilization))
+        return states
+
+
 #: Changes of the algorithm tried against the shipped one (all with the shipped settings).
 VARIANTS: dict[str, Callable[[Scenario], KvtierPolicy]] = {
     "shipped": KvtierPolicy,
@@ -218,6 +242,7 @@ VARIANTS: dict[str, Callable[[Scenario], KvtierPolicy]] = {
     "trend: k 1 against a 1-interval window": lambda s: TrendPolicy(s, 1.0, 1.0),
     "veto unless a 2-interval window gains too": lambda s: VetoPolicy(s, 2.0),
     "veto unless a 4-interval window gains too": lambda s: VetoPolicy(s, 4.0),
+    "hits valued by the GPU queue they relieve": QueueReliefPolicy,
 }
 
 
@@ -245,6 +270,7 @@ def main() -> None:
     scenarios = [load_scenario(path) for path in paths]
     loaded = {}
     best: dict[str, float] = {}
+    equal_ttft: dict[str, float] = {}
     print(
         "| scenario | tenants | pool blocks | equal | shared | oracle-dynamic | its splits, real refill | previous epoch's best split |"
     )
@@ -259,9 +285,9 @@ def main() -> None:
             "real refill": RefillingOracle(scenario, hindsight),
             "previous": PreviousEpochOracle(scenario, hindsight),
         }
-        ratios = {
-            name: run_policy(policy, scenario, workloads).overall.block_hit_ratio for name, policy in policies.items()
-        }
+        results = {name: run_policy(policy, scenario, workloads).overall for name, policy in policies.items()}
+        ratios = {name: result.block_hit_ratio for name, result in results.items()}
+        equal_ttft[scenario.name] = results["equal"].ttft_p50_seconds
         best[scenario.name] = max(ratios["shared"], ratios["oracle-dynamic"])
         print(
             f"| {scenario.name} | {len(scenario.tenants)} | {scenario.capacity_blocks:,} | {ratios['equal']:.4f} | "
@@ -273,6 +299,7 @@ def main() -> None:
     print(f"| {'variant' if args.variants else 'setting'} | " + " | ".join(names) + " | worst | mean | s |")
     print("|---|" + "---:|" * (len(names) + 3))
     rows = []
+    ttfts: dict[str, list[float]] = {}
 
     def row(label: str, policy_of: Callable[[Scenario], KvtierPolicy], spec: dict | None = None) -> None:
         started = time.perf_counter()
@@ -281,6 +308,7 @@ def main() -> None:
             adjusted = with_spec(scenario, spec) if spec is not None else scenario
             result = run_policy(policy_of(adjusted), adjusted, loaded[scenario.name])
             shares.append(result.overall.block_hit_ratio / best[scenario.name])
+            ttfts.setdefault(label, []).append(result.overall.ttft_p50_seconds)
         worst, mean = min(shares), sum(shares) / len(shares)
         rows.append((worst, mean, label))
         print(
@@ -295,6 +323,12 @@ def main() -> None:
             row(label, policy_of)
         worst, mean, label = max(rows, key=lambda row: (row[0], row[1]))
         print(f"\nbest: {label} (worst {worst:.3f}, mean {mean:.3f})")
+        print("\nkvtier TTFT p50 (s), and the equal split's:")
+        print("| variant | " + " | ".join(names) + " |")
+        print("|---|" + "---:|" * len(names))
+        print("| equal split | " + " | ".join(f"{equal_ttft[name]:.3f}" for name in names) + " |")
+        for label, values in ttfts.items():
+            print(f"| {label} | " + " | ".join(f"{value:.3f}" for value in values) + " |")
         return
     overrides = {}
     for item in args.base:
