@@ -90,7 +90,11 @@ def test_every_replica_ready_or_not_is_kept_by_deployment_once_listed():
         },
     )
     assert sorted(p["metadata"]["name"] for p in index.pods_of("ns", "chat")) == ["chat-0", "chat-1"]
-    assert "managedFields" not in index.pods_of("ns", "code")[0]["metadata"]
+    code = index.pods_of("ns", "code")[0]
+    # Kept small: no managedFields, no spec (read only into the target); status and identity stay.
+    assert "managedFields" not in code["metadata"] and "spec" not in code
+    assert code["status"]["podIP"] == "127.1.0.5" and code["metadata"]["uid"] == "uid-code-0"
+    assert [t.urls()["vllm"] for t in index.by_deployment()[("ns", "code")]] == ["http://127.1.0.5:8000/metrics"]
     index.apply("DELETED", replica("chat-0"))
     index.replace("ns", [replica("code-1", deployment="code")])
     assert index.pods_of("ns", "chat") == [] and [p["metadata"]["name"] for p in index.pods_of("ns", "code")] == [

@@ -84,7 +84,7 @@ def register_indexes(registry: kopf.OperatorRegistry, config: OperatorConfig) ->
         if kind == "PodMonitor" and not config.render.pod_monitor:
             continue
 
-        def index(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]] | None:
+        async def index(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]] | None:
             labels = body.metadata.labels
             owner_namespace = labels.get(DEPLOYMENT_NAMESPACE_LABEL) or body.metadata.namespace
             if not owner_namespace or body.metadata.get("deletionTimestamp"):

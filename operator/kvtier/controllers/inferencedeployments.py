@@ -159,7 +159,7 @@ def _binding(pool: KVPool, decision: Admission, size: int | None) -> StorageBind
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.index("", "v1", "nodes", id="nodes", registry=registry)
-    def nodes(body: kopf.Body, **_: Any) -> dict[None, NodeResources]:
+    async def nodes(body: kopf.Body, **_: Any) -> dict[None, NodeResources]:
         return {None: NodeResources.from_node(body)}
 
     @kopf.on.startup(id="open-http", registry=registry)
@@ -174,7 +174,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     register_indexes(registry, config)
 
     @kopf.on.startup(id="applied-children", registry=registry)
-    def remember_applied(memo: kopf.Memo, **_: Any) -> None:
+    async def remember_applied(memo: kopf.Memo, **_: Any) -> None:
         memo.applied = Applied()
 
     async def reconcile(body: kopf.Body, memo: kopf.Memo, nodes: kopf.Index, **kwargs: Any) -> None:

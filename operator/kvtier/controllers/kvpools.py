@@ -249,18 +249,18 @@ def holdings(pool: KVPool, status: KVPoolStatus) -> str:
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.on.startup(id="pool-view", registry=registry)
-    def open_pool_view(memo: kopf.Memo, **_: Any) -> None:
+    async def open_pool_view(memo: kopf.Memo, **_: Any) -> None:
         memo.pool_view = PoolView()
 
     @kopf.on.event(*POOL, id="pool-view", registry=registry)
-    def pool_view(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    async def pool_view(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         if event.get("type") == "DELETED":
             memo.pool_view.forget(body.metadata.name, body.metadata.uid)
         else:
             memo.pool_view.observe(copy.deepcopy(dict(body)))
 
     @kopf.index(*DEPLOYMENTS, id="pool_deployments", registry=registry)
-    def pool_deployments(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]] | None:
+    async def pool_deployments(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]] | None:
         """Pool name -> the InferenceDeployments that name it now (their spec and identity, not status);
         the pool's reconcile and its rebalance rounds read it as the `pool_deployments` kwarg."""
         pool = (((body.get("spec") or {}).get("kvCache") or {}).get("storage") or {}).get("poolRef")

@@ -109,7 +109,7 @@ def _interval(spec: Mapping[str, Any]) -> float:
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     @kopf.index(*DEPLOYMENTS, id="curve_deployments", registry=registry)
-    def curve_deployments(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]] | None:
+    async def curve_deployments(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]] | None:
         """Pool name -> the InferenceDeployments that name it, with the demand curve their `status.kv`
         publishes (the refresh reads no deployment from the API)."""
         pool = (((body.get("spec") or {}).get("kvCache") or {}).get("storage") or {}).get("poolRef")

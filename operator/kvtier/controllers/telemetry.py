@@ -14,6 +14,8 @@ sleep inside a handler. Every `scrape_interval_seconds` it
    the `MetricsAvailable` condition through the status subresource, at most every
    `status_interval_seconds` and only when the numbers moved materially or the condition differs
    from what the object says (so a condition overwritten by a concurrent reconcile comes back).
+   A deployment's first `status.kv` waits until every replica has two samples: one write then
+   carries the rates and hit ratios, instead of one without them and another a scrape later.
 
 The patch carries the resourceVersion of the newest body seen: a concurrent writer makes it a
 409, and the next cycle tries again on the newer body, so other conditions are never rolled back.
@@ -300,6 +302,8 @@ class TelemetryLoop:
     ) -> None:
         if now - deployment.written_at < self.config.status_interval_seconds - 0.001:
             return
+        if deployment.written is None and summary is not None and summary.stale is None and not summary.span_seconds:
+            return  # its first status.kv waits for the next scrape, which brings the rates and hit ratios
         body = deployment.body
         conditions = list((body.get("status") or {}).get("conditions") or [])
         current = find(conditions, CONDITION) or {}

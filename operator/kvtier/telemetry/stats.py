@@ -93,6 +93,8 @@ class Summary:
     applied), ``storage_used_bytes`` the sum; ``demand`` is the probe's hit curve summed over the
     fresh replicas (hits of all replicas at a per-replica capacity, in ``demand_unit``:
     ``"bytes"`` or ``"chunks"``); ``stale`` says why the statistics cannot be trusted, or None.
+    ``span_seconds`` is the shortest time any replica's samples span: 0 while a replica has only
+    one, when its rates and hit ratios are not known yet.
     """
 
     replicas: int = 0
@@ -108,6 +110,7 @@ class Summary:
     demand: HitCurve | None = None
     demand_unit: str | None = None
     stale: str | None = None
+    span_seconds: float = 0.0
 
 
 def counter_increase(values: Iterable[float | None]) -> float | None:
@@ -308,6 +311,7 @@ def summarise(windows: Mapping[str, ReplicaWindow], expected: Iterable[str] | No
         demand=demand,
         demand_unit=unit,
         stale="; ".join(reasons) or None,
+        span_seconds=min((window.seconds for window in replicas), default=0.0),
     )
 
 

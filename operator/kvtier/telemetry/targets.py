@@ -109,6 +109,8 @@ class TargetIndex:
         self._targets: dict[tuple[str | None, str], Target] = {}  # (namespace, pod uid or name) -> target
         #: Every replica (Ready or not) by deployment, then by (namespace, pod uid or name): what the
         #: InferenceDeployment controller reads for its Ready condition and quotas instead of listing.
+        #: Kept: metadata (without managedFields) and status; a pod's spec, most of its size, is read
+        #: only here, into its :class:`Target`.
         self._pods: dict[DeploymentKey, dict[tuple[str | None, str], dict[str, Any]]] = {}
         #: Set once every watched namespace has been listed.
         self.synced = asyncio.Event()
@@ -127,7 +129,7 @@ class TargetIndex:
             if kind == "DELETED":
                 self._pods.get(owner, {}).pop(key, None)
             else:
-                trimmed = {k: v for k, v in pod.items() if k != "metadata"}
+                trimmed = {k: v for k, v in pod.items() if k not in ("metadata", "spec")}
                 trimmed["metadata"] = {k: v for k, v in metadata.items() if k != "managedFields"}
                 self._pods.setdefault(owner, {})[key] = trimmed
             if owner in self._pods and not self._pods[owner]:
