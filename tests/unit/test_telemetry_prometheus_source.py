@@ -231,6 +231,10 @@ async def test_status_kv_comes_from_prometheus_and_probes_feed_the_demand_book(p
     assert sample("kvtier_deployment_storage_quota_bytes", labels) == 4 * GiB
     assert sample("kvtier_deployment_metrics_stale", labels) == 0
     assert loop.kube.events == []
+    # The quota each server reported is known to the deployment pass here too (a resync then calls
+    # only replicas whose quota is not in place).
+    assert loop.scraped_quota_bytes("ns", "chat", "chat-0") == 4 * GiB
+    assert loop.scraped_quota_bytes("ns", "chat", "chat-0", now=time.time() + loop.config.stale_seconds + 1) is None
 
     fresh = estimate()
     assert not fresh.stale and fresh.source == "probe" and fresh.curve[-1] > 0

@@ -420,13 +420,3 @@ def _registry(collector):
     registry = CollectorRegistry()
     registry.register(collector)
     return registry
-
-
-def test_a_replicas_served_quota_is_known_only_while_its_newest_scrape_is_fresh():
-    window = DeploymentWindow(window_seconds=60, stale_seconds=30)
-    assert window.fresh_quota_bytes("chat-0", 100.0) is None  # never scraped
-    window.add("chat-0", 100.0, snapshot(10, 0, 0, 0, storage_quota_bytes=4 * 2**40))
-    assert window.fresh_quota_bytes("chat-0", 120.0) == 4 * 2**40
-    assert window.fresh_quota_bytes("chat-0", 131.0) is None  # stale: the server may have lost it since
-    window.add("chat-0", 140.0, snapshot(20, 0, 0, 0))  # the newest scrape reads no quota
-    assert window.fresh_quota_bytes("chat-0", 141.0) is None

@@ -1,12 +1,15 @@
-"""When the telemetry loop writes a deployment's status: its first `status.kv` once it carries rates and
-hit ratios, later ones on material change only."""
+"""What the telemetry loop writes and remembers: a deployment's first `status.kv` once it carries rates and
+hit ratios, later ones on material change only; the quota each replica's server reported, while fresh."""
 
 from kvtier.controllers.runtime import OperatorConfig
 from kvtier.controllers.telemetry import TelemetryLoop
 from kvtier.telemetry.metrics import OperatorMetrics
 from kvtier.telemetry.report import metrics_condition
+from kvtier.telemetry.scraper import Scrape
 from kvtier.telemetry.stats import HitRatio, Summary
+from kvtier.telemetry.targets import target_of
 from tests.unit.test_telemetry_prometheus_source import DEPLOYMENT, KEY, FakeKube
+from tests.unit.test_telemetry_targets import replica
 
 #: One replica seen once: nothing measured over time yet.
 FIRST = Summary(replicas=1, hbm_watermark_mean=0.4, hbm_watermark_max=0.4, span_seconds=0.0)
@@ -51,3 +54,21 @@ async def test_a_stale_first_summary_is_written_at_once_to_say_why():
     (patch,) = [patch for *_, patch in loop.kube.patches]
     condition = next(c for c in patch["status"]["conditions"] if c["type"] == "MetricsAvailable")
     assert condition["status"] == "False" and "no sample" in condition["message"]
+
+
+def test_a_replicas_served_quota_is_known_only_while_its_last_read_is_fresh():
+    loop = TelemetryLoop(
+        OperatorConfig(scrape_interval_seconds=8, scrape_timeout_seconds=6), FakeKube(), OperatorMetrics()
+    )
+    assert loop.config.stale_seconds == 30
+    loop.observe("ADDED", DEPLOYMENT)
+    target = target_of(replica("chat-0"))
+    assert loop.scraped_quota_bytes("ns", "chat", "chat-0", now=100.0) is None  # never read
+    loop._served(Scrape(target, "quota", 100.0, 0.01, data={"limit_gb": 4.0, "current_usage_gb": 1.0}))
+    assert loop.scraped_quota_bytes("ns", "chat", "chat-0", now=120.0) == 4 * 2**30
+    assert loop.scraped_quota_bytes("ns", "chat", "chat-0", now=131.0) is None  # the server may have lost it since
+    # A server that lost its quota (a restarted container) reports none.
+    loop._served(Scrape(target, "quota", 140.0, 0.01, data={"limit_gb": 0, "current_usage_gb": 0, "exists": False}))
+    assert loop.scraped_quota_bytes("ns", "chat", "chat-0", now=141.0) is None
+    loop.observe("DELETED", DEPLOYMENT)
+    assert loop.served_quotas == {}

@@ -42,7 +42,7 @@ from kvtier.controllers.runtime import OperatorConfig
 from kvtier.kube import INFERENCEDEPLOYMENTS, APIError, KubeClient
 from kvtier.rebalance.demand import DemandBook
 from kvtier.telemetry import promql
-from kvtier.telemetry.engines import replica_snapshot
+from kvtier.telemetry.engines import quota_usage, replica_snapshot
 from kvtier.telemetry.metrics import OperatorMetrics
 from kvtier.telemetry.report import Alerts, kv_status, metrics_condition
 from kvtier.telemetry.scraper import PrometheusClient, Scrape, Scraper
@@ -97,6 +97,9 @@ class TelemetryLoop:
         self.demand = demand
         self.targets = TargetIndex(config.namespaces)
         self.deployments: dict[DeploymentKey, _Deployment] = {}
+        #: (deployment, pod) -> (time, bytes): the quota each replica's server reported at its last
+        #: quota read, in either metrics source (None: it reported none).
+        self.served_quotas: dict[tuple[DeploymentKey, str], tuple[float, float | None]] = {}
         #: Completed cycles (tests and logs).
         self.cycles = 0
 
@@ -107,6 +110,8 @@ class TelemetryLoop:
         if kind == "DELETED":
             if self.deployments.pop(key, None) is not None:
                 self.metrics.forget_deployment(*key)
+            for served in [served for served in self.served_quotas if served[0] == key]:
+                del self.served_quotas[served]
             if self.demand is not None:
                 self.demand.forget(key)
             return
@@ -120,10 +125,17 @@ class TelemetryLoop:
         else:
             known.body = dict(body)
 
-    def scraped_quota_bytes(self, namespace: str, deployment: str, pod: str) -> float | None:
-        """The quota replica `pod` served at its last fresh scrape (None: unknown, stale, or none set)."""
-        known = self.deployments.get((namespace, deployment))
-        return known.window.fresh_quota_bytes(pod, time.time()) if known is not None else None
+    def scraped_quota_bytes(self, namespace: str, deployment: str, pod: str, now: float | None = None) -> float | None:
+        """The quota replica `pod` served at its last quota read, if that is fresh (None: unknown, stale
+        (the server may have lost it since), or none set)."""
+        served = self.served_quotas.get(((namespace, deployment), pod))
+        if served is None or (now if now is not None else time.time()) - served[0] > self.config.stale_seconds:
+            return None
+        return served[1]
+
+    def _served(self, scrape: Scrape) -> None:
+        """Remember what a quota read says (an unreadable answer: no quota known)."""
+        self.served_quotas[scrape.target.key, scrape.target.pod] = (scrape.at, quota_usage(scrape.data)[0])
 
     async def run(self) -> None:
         """Scrape, summarise and report every interval until cancelled."""
@@ -195,6 +207,8 @@ class TelemetryLoop:
                 continue  # no engine numbers: the replica goes stale if this lasts
             pages = {name: s.page for name, s in endpoints.items() if s.ok and name != "quota"}
             quota = endpoints["quota"].data if "quota" in endpoints and endpoints["quota"].ok else None
+            if quota is not None:
+                self._served(endpoints["quota"])
             snapshot = replica_snapshot(pages.get("vllm"), pages.get("lmcache"), pages.get("probe"), quota)
             deployment.window.add(pod, vllm.at, snapshot)
             if self.demand is not None and deployment.stored:
@@ -231,6 +245,7 @@ class TelemetryLoop:
                 )
             elif scrape.endpoint == "quota":
                 quotas.setdefault(scrape.target.key, {})[scrape.target.pod] = scrape.data
+                self._served(scrape)
             else:
                 probes[scrape.target.key, scrape.target.pod] = scrape
         if self.demand is not None:

@@ -217,13 +217,6 @@ class DeploymentWindow:
         """Forget a replica (its pod is gone and its increases should no longer count)."""
         self._replicas.pop(uid, None)
 
-    def fresh_quota_bytes(self, uid: str, now: float) -> float | None:
-        """The storage quota the replica's server reported at its newest scrape, if that is fresh (not stale)."""
-        samples = self._replicas.get(uid)
-        if not samples or now - samples[-1][0] > self.stale_seconds:
-            return None
-        return samples[-1][1].storage_quota_bytes
-
     def _trim(self, samples: deque[tuple[float, Snapshot]], now: float) -> None:
         start = now - self.window_seconds
         while len(samples) > 1 and samples[1][0] <= start:
