@@ -414,6 +414,19 @@ def test_probe_page_becomes_the_demand_curve():
     assert snapshot.demand_last_lookup == 2
 
 
+def test_only_the_newest_sample_keeps_the_probes_histograms_and_the_summary_still_has_them():
+    window = DeploymentWindow(window_seconds=60, stale_seconds=30)
+    curves = [Buckets(((1.0, float(n)), (4.0, 2.0 * n), (math.inf, 4.0 * n))) for n in (1, 2, 3)]
+    for time, curve in zip((0.0, 15.0, 30.0), curves):
+        window.add("chat-0", time, snapshot(100 * time, 0, 0, 0, demand_chunks=curve, demand_bytes=curve))
+    # Held samples (the memory this saves): older ones carry counters only.
+    held = [sample for _, sample in window._replicas["chat-0"]]
+    assert [sample.demand_chunks for sample in held] == [None, None, curves[2]]
+    assert [sample.prompt_tokens for sample in held] == [0.0, 1500.0, 3000.0]
+    summary = window.summary(31.0)
+    assert summary.demand is not None and summary.prompt_tokens_per_second == pytest.approx(100.0)
+
+
 def _registry(collector):
     from prometheus_client import CollectorRegistry
 
