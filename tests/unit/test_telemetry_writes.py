@@ -72,3 +72,35 @@ def test_a_replicas_served_quota_is_known_only_while_its_last_read_is_fresh():
     assert loop.scraped_quota_bytes("ns", "chat", "chat-0", now=141.0) is None
     loop.observe("DELETED", DEPLOYMENT)
     assert loop.served_quotas == {}
+
+
+async def test_a_restarted_operator_writes_only_what_moved_since_the_status_it_finds():
+    from kvtier.telemetry.report import kv_status
+
+    condition = metrics_condition(SECOND, 1)
+    found = {
+        "kv": kv_status(SECOND),
+        "conditions": [
+            {"type": "MetricsAvailable", "status": condition[0], "reason": condition[1], "message": condition[2]}
+        ],
+    }
+    loop = TelemetryLoop(OperatorConfig(status_interval_seconds=30), FakeKube(), OperatorMetrics())
+    loop.observe("ADDED", {**DEPLOYMENT, "status": found})
+    await write(loop, SECOND, now=100.0)
+    assert loop.kube.patches == [], "the object already says this"
+    moved = Summary(**{**SECOND.__dict__, "prompt_tokens_per_second": 2400.0})
+    await write(loop, moved, now=115.0)
+    (patch,) = [patch for *_, patch in loop.kube.patches]
+    assert patch["status"]["kv"]["promptTokensPerSecond"] == 2400.0
+
+
+def test_the_numbers_a_status_kv_says_read_back_within_its_rounding():
+    from kvtier.telemetry.report import kv_status, written_summary
+    from kvtier.telemetry.stats import materially_changed
+
+    summary = Summary(**{**SECOND.__dict__, "ttft_p50_seconds": 0.123456, "storage_used_bytes": 3.5 * 2**30})
+    read = written_summary(kv_status(summary), like=summary)
+    assert read is not None and not materially_changed(read, summary)
+    assert read.storage_used_bytes == 3.5 * 2**30 and read.ttft_p50_seconds == 0.1235
+    assert written_summary({"hitRatio": {"total": 0.3}}, like=summary) is None  # no telemetry wrote it
+    assert written_summary({"sampledAt": "2026-12-07T00:00:00Z", "hitRatio": {"total": "high"}}, like=summary) is None

@@ -15,7 +15,9 @@ sleep inside a handler. Every `scrape_interval_seconds` it
    `status_interval_seconds` and only when the numbers moved materially or the condition differs
    from what the object says (so a condition overwritten by a concurrent reconcile comes back).
    A deployment's first `status.kv` waits until every replica has two samples: one write then
-   carries the rates and hit ratios, instead of one without them and another a scrape later.
+   carries the rates and hit ratios, instead of one without them and another a scrape later. A
+   restarted operator compares with the `status.kv` the object carries, so coming back rewrites
+   only the deployments whose numbers moved (not all of them at once).
 
 The patch carries the resourceVersion of the newest body seen: a concurrent writer makes it a
 409, and the next cycle tries again on the newer body, so other conditions are never rolled back.
@@ -44,7 +46,7 @@ from kvtier.rebalance.demand import DemandBook
 from kvtier.telemetry import promql
 from kvtier.telemetry.engines import quota_usage, replica_snapshot
 from kvtier.telemetry.metrics import OperatorMetrics
-from kvtier.telemetry.report import Alerts, kv_status, metrics_condition
+from kvtier.telemetry.report import Alerts, kv_status, metrics_condition, written_summary
 from kvtier.telemetry.scraper import PrometheusClient, Scrape, Scraper
 from kvtier.telemetry.stats import (
     REQUIRED_LMCACHE_IN_PROCESS,
@@ -323,7 +325,10 @@ class TelemetryLoop:
         conditions = list((body.get("status") or {}).get("conditions") or [])
         current = find(conditions, CONDITION) or {}
         condition_moved = (current.get("status"), current.get("reason"), current.get("message")) != condition
-        kv_moved = summary is not None and summary.replicas > 0 and materially_changed(deployment.written, summary)
+        written = deployment.written
+        if written is None and summary is not None:  # what an earlier operator process wrote, if any
+            written = written_summary((body.get("status") or {}).get("kv"), summary)
+        kv_moved = summary is not None and summary.replicas > 0 and materially_changed(written, summary)
         if not (condition_moved or kv_moved):
             return
         metadata = body["metadata"]

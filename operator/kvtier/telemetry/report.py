@@ -3,7 +3,8 @@
 Pure functions over a :class:`~kvtier.telemetry.stats.Summary`:
 
 - :func:`kv_status`: the summary as the wire form of ``status.kv`` (without ``storage.quota``,
-  which the reconcile writes from the pool's ledger);
+  which the reconcile writes from the pool's ledger); :func:`written_summary` reads the numbers
+  back, so a restarted operator compares with what the object says instead of writing it again;
 - :func:`metrics_condition`: ``MetricsAvailable`` as ``(status, reason, message)``;
 - :class:`Alerts`: Events worth posting as the summaries go by (the watermark staying above a
   threshold, the hit ratio falling).
@@ -13,12 +14,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from kvtier.api.units import counted, format_quantity
-from kvtier.telemetry.stats import Summary
+from kvtier.api.units import counted, format_quantity, parse_quantity
+from kvtier.telemetry.stats import HitRatio, Summary
 
 #: Digits kept in status numbers (the rest is noise, and would make every write "material").
 DIGITS = 4
@@ -81,6 +82,38 @@ def kv_status(summary: Summary, sampled_at: datetime | None = None) -> dict[str,
             ),
         }
     )
+
+
+def written_summary(kv: Any, like: Summary) -> Summary | None:
+    """The numbers a ``status.kv`` that :func:`kv_status` wrote says, as a summary that matches ``like`` in
+    what the wire form does not carry (replica count, quota, stale reason); None without ``sampledAt``
+    (no telemetry wrote it) or when it does not read."""
+    if not isinstance(kv, dict) or not kv.get("sampledAt"):
+        return None
+    try:
+        hit = kv.get("hitRatio") or {}
+        used = (kv.get("storage") or {}).get("used")
+        return replace(
+            like,
+            hbm_watermark_mean=_number(kv.get("hbmWatermark")),
+            hbm_watermark_max=_number(kv.get("hbmWatermarkMax")),
+            hit_ratio=HitRatio(*(_number(hit.get(tier)) for tier in ("hbm", "cpu", "storage", "total"))),
+            ttft_p50_seconds=_number(kv.get("ttftP50Seconds")),
+            ttft_p99_seconds=_number(kv.get("ttftP99Seconds")),
+            preemptions_per_second=_number(kv.get("preemptionsPerSecond")),
+            prompt_tokens_per_second=_number(kv.get("promptTokensPerSecond")),
+            storage_used_bytes=float(parse_quantity(used)) if used is not None else None,
+        )
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _number(value: Any) -> float | None:
+    if value is None:
+        return None
+    if type(value) not in (int, float):
+        raise TypeError(f"not a number: {value!r}")
+    return float(value)
 
 
 def percent(ratio: float | None) -> str | None:
