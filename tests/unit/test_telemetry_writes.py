@@ -104,3 +104,30 @@ def test_the_numbers_a_status_kv_says_read_back_within_its_rounding():
     assert read.storage_used_bytes == 3.5 * 2**30 and read.ttft_p50_seconds == 0.1235
     assert written_summary({"hitRatio": {"total": 0.3}}, like=summary) is None  # no telemetry wrote it
     assert written_summary({"sampledAt": "2026-12-07T00:00:00Z", "hitRatio": {"total": "high"}}, like=summary) is None
+
+
+async def test_a_cycle_writes_the_deployments_statuses_concurrently_within_a_bound():
+    import asyncio
+
+    from kvtier.controllers import telemetry
+    from kvtier.telemetry.scraper import Scraper
+
+    class SlowKube(FakeKube):
+        in_flight = most = 0
+
+        async def patch(self, *args, **kwargs):
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            await asyncio.sleep(0.05)  # a loaded apiserver
+            self.in_flight -= 1
+            return await super().patch(*args, **kwargs)
+
+    loop = TelemetryLoop(OperatorConfig(status_interval_seconds=30), SlowKube(), OperatorMetrics())
+    count = telemetry.STATUS_WRITES_IN_FLIGHT + 8
+    for index in range(count):
+        metadata = {**DEPLOYMENT["metadata"], "name": f"chat-{index}", "uid": f"u-{index}"}
+        loop.observe("ADDED", {**DEPLOYMENT, "metadata": metadata})
+    async with Scraper(timeout=1) as scraper:
+        await loop.cycle(scraper)  # nothing to scrape yet: every deployment gets MetricsAvailable Unknown
+    assert len(loop.kube.patches) == count
+    assert loop.kube.most == telemetry.STATUS_WRITES_IN_FLIGHT
