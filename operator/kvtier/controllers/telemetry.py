@@ -14,10 +14,10 @@ sleep inside a handler. Every `scrape_interval_seconds` it
    the `MetricsAvailable` condition through the status subresource, at most every
    `status_interval_seconds` and only when the numbers moved materially or the condition differs
    from what the object says (so a condition overwritten by a concurrent reconcile comes back).
-   A deployment's first `status.kv` waits until every replica has two samples: one write then
-   carries the rates and hit ratios, instead of one without them and another a scrape later. A
-   restarted operator compares with the `status.kv` the object carries, so coming back rewrites
-   only the deployments whose numbers moved (not all of them at once).
+   The numbers too are compared with the `status.kv` the object carries, not with a copy kept
+   in memory: a restarted operator rewrites only the deployments whose numbers moved. A
+   deployment's first `status.kv` waits until every replica has two samples: one write then
+   carries the rates and hit ratios, instead of one without them and another a scrape later.
 
 The patch carries the resourceVersion of the newest body seen: a concurrent writer makes it a
 409, and the next cycle tries again on the newer body, so other conditions are never rolled back.
@@ -75,7 +75,6 @@ class _Deployment:
     body: dict[str, Any]
     window: DeploymentWindow
     alerts: Alerts
-    written: Summary | None = None
     written_at: float = float("-inf")
     failures: list[str] = field(default_factory=list)
 
@@ -333,15 +332,14 @@ class TelemetryLoop:
     ) -> None:
         if now - deployment.written_at < self.config.status_interval_seconds - 0.001:
             return
-        if deployment.written is None and summary is not None and summary.stale is None and not summary.span_seconds:
-            return  # its first status.kv waits for the next scrape, which brings the rates and hit ratios
         body = deployment.body
-        conditions = list((body.get("status") or {}).get("conditions") or [])
+        found = body.get("status") or {}
+        written = written_summary(found.get("kv"), summary) if summary is not None else None
+        if written is None and summary is not None and summary.stale is None and not summary.span_seconds:
+            return  # its first status.kv waits for the next scrape, which brings the rates and hit ratios
+        conditions = list(found.get("conditions") or [])
         current = find(conditions, CONDITION) or {}
         condition_moved = (current.get("status"), current.get("reason"), current.get("message")) != condition
-        written = deployment.written
-        if written is None and summary is not None:  # what an earlier operator process wrote, if any
-            written = written_summary((body.get("status") or {}).get("kv"), summary)
         kv_moved = summary is not None and summary.replicas > 0 and materially_changed(written, summary)
         if not (condition_moved or kv_moved):
             return
@@ -365,8 +363,6 @@ class TelemetryLoop:
                 log.warning("%s/%s: status not written: %s", *key, error)
             return  # a newer body (or none) is on its way: try again next cycle
         deployment.written_at = now
-        if kv_moved:
-            deployment.written = summary
         if condition_moved and condition[1] == "ScrapeFailed" and current.get("reason") != "ScrapeFailed":
             await post_event(self.kube, body, "Warning", "ScrapeFailed", condition[2])
 

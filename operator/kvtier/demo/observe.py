@@ -18,6 +18,7 @@ from typing import Any
 
 from kvtier.api.units import parse_duration, parse_quantity
 from kvtier.kube import EVENTS, INFERENCEDEPLOYMENTS, KVPOOLS, KubeClient
+from kvtier.telemetry.report import as_number
 
 TIERS = ("hbm", "cpu", "storage", "total")
 #: Kinds whose Events the demo shows.
@@ -31,10 +32,6 @@ def _quantity(value: Any) -> int | None:
         return parse_quantity(value) if value is not None else None
     except ValueError:
         return None
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _seconds(value: Any) -> float | None:
@@ -189,7 +186,7 @@ def pool_view(body: Mapping[str, Any]) -> PoolView:
         last = Rebalance(
             str(record.get("time") or ""),
             _quantity(record.get("movedBytes")),
-            _number(record.get("predictedGain")),
+            as_number(record.get("predictedGain")),
             str(record.get("reason") or ""),
             bool(record.get("dryRun")),
             moves,
@@ -224,16 +221,16 @@ def deployment_view(body: Mapping[str, Any], pool: PoolView | None = None) -> De
         replicas=status.get("replicas") if isinstance(status.get("replicas"), int) else None,
         ready=status.get("readyReplicas") if isinstance(status.get("readyReplicas"), int) else None,
         ready_reason=_condition(status, "Ready").get("reason"),
-        watermark=_number(kv.get("hbmWatermark")),
-        hit_ratio={tier: _number(hit.get(tier)) for tier in TIERS},
-        ttft_p50=_number(kv.get("ttftP50Seconds")),
+        watermark=as_number(kv.get("hbmWatermark")),
+        hit_ratio={tier: as_number(hit.get(tier)) for tier in TIERS},
+        ttft_p50=as_number(kv.get("ttftP50Seconds")),
         quota=ledger if ledger is not None else applied,
         applied_quota=applied,
         used=_quantity(storage_status.get("used")),
         min=_quantity(storage_spec.get("min", 0 if storage_spec else None)),
         max=_quantity(storage_spec.get("max", storage_spec.get("request"))),
         metrics_reason=_condition(status, "MetricsAvailable").get("reason"),
-        prompt_rate=_number(kv.get("promptTokensPerSecond")),
+        prompt_rate=as_number(kv.get("promptTokensPerSecond")),
     )
 
 

@@ -87,33 +87,44 @@ def kv_status(summary: Summary, sampled_at: datetime | None = None) -> dict[str,
 def written_summary(kv: Any, like: Summary) -> Summary | None:
     """The numbers a ``status.kv`` that :func:`kv_status` wrote says, as a summary that matches ``like`` in
     what the wire form does not carry (replica count, quota, stale reason); None without ``sampledAt``
-    (no telemetry wrote it) or when it does not read."""
+    (no telemetry wrote it) or when a number in it does not read."""
     if not isinstance(kv, dict) or not kv.get("sampledAt"):
         return None
+    hit, storage = kv.get("hitRatio") or {}, kv.get("storage") or {}
+    if not isinstance(hit, dict) or not isinstance(storage, dict):
+        return None
+    fields = {
+        "hbm_watermark_mean": kv.get("hbmWatermark"),
+        "hbm_watermark_max": kv.get("hbmWatermarkMax"),
+        "ttft_p50_seconds": kv.get("ttftP50Seconds"),
+        "ttft_p99_seconds": kv.get("ttftP99Seconds"),
+        "preemptions_per_second": kv.get("preemptionsPerSecond"),
+        "prompt_tokens_per_second": kv.get("promptTokensPerSecond"),
+        **{tier: hit.get(tier) for tier in ("hbm", "cpu", "storage", "total")},
+    }
+    numbers = {name: as_number(value) for name, value in fields.items()}
+    if any(value is not None and numbers[name] is None for name, value in fields.items()):
+        return None
     try:
-        hit = kv.get("hitRatio") or {}
-        used = (kv.get("storage") or {}).get("used")
-        return replace(
-            like,
-            hbm_watermark_mean=_number(kv.get("hbmWatermark")),
-            hbm_watermark_max=_number(kv.get("hbmWatermarkMax")),
-            hit_ratio=HitRatio(*(_number(hit.get(tier)) for tier in ("hbm", "cpu", "storage", "total"))),
-            ttft_p50_seconds=_number(kv.get("ttftP50Seconds")),
-            ttft_p99_seconds=_number(kv.get("ttftP99Seconds")),
-            preemptions_per_second=_number(kv.get("preemptionsPerSecond")),
-            prompt_tokens_per_second=_number(kv.get("promptTokensPerSecond")),
-            storage_used_bytes=float(parse_quantity(used)) if used is not None else None,
-        )
-    except (AttributeError, TypeError, ValueError):
+        used = float(parse_quantity(storage["used"])) if storage.get("used") is not None else None
+    except ValueError:
         return None
+    return replace(
+        like,
+        hbm_watermark_mean=numbers["hbm_watermark_mean"],
+        hbm_watermark_max=numbers["hbm_watermark_max"],
+        hit_ratio=HitRatio(*(numbers[tier] for tier in ("hbm", "cpu", "storage", "total"))),
+        ttft_p50_seconds=numbers["ttft_p50_seconds"],
+        ttft_p99_seconds=numbers["ttft_p99_seconds"],
+        preemptions_per_second=numbers["preemptions_per_second"],
+        prompt_tokens_per_second=numbers["prompt_tokens_per_second"],
+        storage_used_bytes=used,
+    )
 
 
-def _number(value: Any) -> float | None:
-    if value is None:
-        return None
-    if type(value) not in (int, float):
-        raise TypeError(f"not a number: {value!r}")
-    return float(value)
+def as_number(value: Any) -> float | None:
+    """A JSON number as a float; None for anything else (booleans included)."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def percent(ratio: float | None) -> str | None:
