@@ -9,7 +9,8 @@ process (its kubelets serve kvsim engines on 127.0.0.0/8, idle: no trace load), 
 own process, creates the pools (CSI, the simulator provisions) and the deployments, and measures:
 
 - converge: seconds from the first create until every deployment is Ready with ``status.kv`` filled by a scrape
-  (``sampledAt``);
+  (``sampledAt``); and, the goal's own measure, the seconds from the moment every pod was first Ready (as the
+  simulated kubelets set it, read from the simulator's informer: no API request) to that point;
 - over the steady window (``--steady`` s, sampled every scrape interval): the operator's RSS (from
   /proc/<pid>/status) and CPU as a share of one core per sample interval (from /proc/<pid>/stat);
 - the operator's API requests per second, by verb and resource. Embedded ground: the emulator's request
@@ -47,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, STORAGECLASSES, APIError, KubeClient
+from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, PODS, STORAGECLASSES, APIError, KubeClient
 from kvtier.sim.pods import KvsimEngines
 from kvtier.testing.cluster import EmbeddedCluster, SimulatedCluster
 from kvtier.testing.engines import stub_engine
@@ -268,7 +269,12 @@ class Result:
     phases: dict[str, float] = field(default_factory=dict)
     converged: bool = False
     converge_seconds: float | None = None
+    pods_ready_seconds: float | None = None
+    """Seconds from the first create until every pod was Ready for the first time."""
+    converge_after_pods_seconds: float | None = None
     ready_at_end: int = 0
+    timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
+    """(seconds since the first create, pods Ready, deployments Ready, deployments Ready with status.kv) per poll."""
     cpu_share_mean: float | None = None
     cpu_share_max: float | None = None
     rss_start_mib: float | None = None
@@ -312,9 +318,23 @@ async def create_all(kube: KubeClient, bodies: list[tuple[Any, dict[str, Any]]],
     await asyncio.gather(*(one(resource, body) for resource, body in bodies))
 
 
-async def count_ready(kube: KubeClient) -> int:
+def condition_true(body: dict[str, Any], kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True" for c in (body.get("status") or {}).get("conditions") or []
+    )
+
+
+async def count_ready(kube: KubeClient) -> tuple[int, int]:
+    """Deployments Ready, and those of them whose ``status.kv`` carries the telemetry's numbers."""
     items = (await kube.list(INFERENCEDEPLOYMENTS, NAMESPACE))["items"]
-    return sum(kv_ready(item) for item in items)
+    return sum(condition_true(item, "Ready") for item in items), sum(kv_ready(item) for item in items)
+
+
+async def count_pods_ready(cluster: SimulatedCluster) -> int:
+    """Pods Ready as the simulated kubelets last wrote them, from the simulator's pod informer (no request)."""
+    assert cluster.simulator is not None
+    items = (await cluster.simulator.kube.list(PODS, NAMESPACE))["items"]
+    return sum(condition_true(item, "Ready") for item in items)
 
 
 async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Result:
@@ -374,26 +394,35 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
             result.phases["create"] = time.monotonic() - phase
             log(f"created {result.pools} pools and {deployments} deployments in {result.phases['create']:.1f} s")
 
-            ready = 0
+            ready = with_kv = 0
             while time.monotonic() - phase < args.timeout:
                 try:
-                    ready = await count_ready(kube)
+                    ready, with_kv = await count_ready(kube)
                 except APIError as error:
                     log(f"poll failed: {error}")
-                if ready == deployments:
+                pods_ready, at = await count_pods_ready(cluster), time.monotonic() - phase
+                result.timeline.append((round(at, 1), pods_ready, ready, with_kv))
+                if pods_ready == pods and result.pods_ready_seconds is None:
+                    result.pods_ready_seconds = at
+                if with_kv == deployments:
                     result.converged = True
                     break
                 simulator = cluster._simulator_task
                 if simulator is not None and simulator.done():
                     raise RuntimeError(f"the pod simulator stopped: {simulator.exception()!r}")
-                log(f"  {ready}/{deployments} Ready with status.kv, {time.monotonic() - phase:.0f} s")
+                log(
+                    f"  {at:.0f} s: pods Ready {pods_ready}/{pods}, deployments Ready {ready}, "
+                    f"with status.kv {with_kv}/{deployments}"
+                )
                 await asyncio.sleep(args.poll)
-            result.ready_at_end = ready
+            result.ready_at_end = with_kv
             result.converge_seconds = time.monotonic() - phase
             result.phases["converge"] = result.converge_seconds
+            if result.converged and result.pods_ready_seconds is not None:
+                result.converge_after_pods_seconds = result.converge_seconds - result.pods_ready_seconds
             log(
-                f"{'converged' if result.converged else 'NOT converged'}: {ready}/{deployments} in "
-                f"{result.converge_seconds:.1f} s"
+                f"{'converged' if result.converged else 'NOT converged'}: {with_kv}/{deployments} in "
+                f"{result.converge_seconds:.1f} s (every pod Ready first at {fmt(result.pods_ready_seconds)} s)"
             )
 
             # Steady state: nothing from this script while the window runs.
@@ -542,7 +571,7 @@ def fmt(value: float | None, digits: int = 1) -> str:
 
 def print_table(results: list[Result]) -> None:
     header = (
-        f"{'deploy':>6} {'pods':>6} {'converge s':>10} {'ready':>9} {'cpu mean':>8} {'cpu max':>8} "
+        f"{'deploy':>6} {'pods':>6} {'converge s':>10} {'after pods':>10} {'ready':>9} {'cpu mean':>8} {'cpu max':>8} "
         f"{'rss MiB':>15} {'api rps':>8} {'LIST/s':>7} {'status w/min':>12} {'scrape p50/p99 ms':>17}"
     )
     print(header)
@@ -550,6 +579,7 @@ def print_table(results: list[Result]) -> None:
     for r in results:
         print(
             f"{r.deployments:>6} {r.deployments * r.replicas:>6} {fmt(r.converge_seconds):>10} "
+            f"{fmt(r.converge_after_pods_seconds):>10} "
             f"{f'{r.ready_at_end}/{r.deployments}':>9} {fmt((r.cpu_share_mean or 0) * 100):>7}% "
             f"{fmt((r.cpu_share_max or 0) * 100):>7}% "
             f"{f'{fmt(r.rss_start_mib, 0)}->{fmt(r.rss_end_mib, 0)}':>15} {fmt(r.api_rps, 2):>8} "
@@ -578,12 +608,31 @@ def plot(results: list[Result], path: Path) -> None:
         ("status writes/min", [r.status_writes_per_minute for r in results]),
         ("scrape p99 (ms)", [r.scrape_p99_ms for r in results]),
     ]
-    figure, axes = plt.subplots(2, 3, figsize=(13, 7))
-    for axis, (title, values) in zip(axes.flat, series, strict=True):
-        axis.plot(sizes, [v if v is not None else float("nan") for v in values], marker="o")
+    figure, axes = plt.subplots(2, 4, figsize=(17, 7))
+    for axis, (title, values) in zip(axes.flat, series, strict=False):
+        axis.plot(
+            sizes, [v if v is not None else float("nan") for v in values], marker="o", label="from the first create"
+        )
         axis.set_title(title)
         axis.set_xlabel("InferenceDeployments")
         axis.grid(True, alpha=0.3)
+    axes.flat[0].plot(
+        sizes,
+        [v if v is not None else float("nan") for v in (r.converge_after_pods_seconds for r in results)],
+        marker="o",
+        label="after every pod Ready",
+    )
+    axes.flat[0].legend()
+    largest, axis = results[-1], axes.flat[len(series)]
+    if largest.timeline:
+        at = [point[0] for point in largest.timeline]
+        for column, label in ((1, "pods Ready"), (2, "deployments Ready"), (3, "with status.kv")):
+            axis.plot(at, [point[column] for point in largest.timeline], label=label)
+        axis.legend()
+    axis.set_title(f"convergence, {largest.deployments} deployments")
+    axis.set_xlabel("seconds since the first create")
+    axis.grid(True, alpha=0.3)
+    axes.flat[len(series) + 1].axis("off")
     ground, replicas = results[0].ground, results[0].replicas
     figure.suptitle(f"kvtier at scale ({ground} ground, {replicas} replicas per deployment)")
     figure.tight_layout()

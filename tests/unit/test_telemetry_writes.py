@@ -1,6 +1,8 @@
 """What the telemetry loop writes and remembers: a deployment's first `status.kv` once it carries rates and
 hit ratios, later ones on material change only; the quota each replica's server reported, while fresh."""
 
+import time
+
 from kvtier.controllers.runtime import OperatorConfig
 from kvtier.controllers.telemetry import TelemetryLoop
 from kvtier.telemetry.metrics import OperatorMetrics
@@ -131,3 +133,89 @@ async def test_a_cycle_writes_the_deployments_statuses_concurrently_within_a_bou
         await loop.cycle(scraper)  # nothing to scrape yet: every deployment gets MetricsAvailable Unknown
     assert len(loop.kube.patches) == count
     assert loop.kube.most == telemetry.STATUS_WRITES_IN_FLIGHT
+
+
+class _SlowScraper:
+    """Scrapes the first target at once and each next one `seconds` later, then calls `meanwhile`."""
+
+    PAGE = (
+        "# TYPE vllm:prompt_tokens counter\nvllm:prompt_tokens_total 10\n"
+        "# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total 1\nvllm:kv_cache_usage_perc 0.4\n"
+    )
+
+    def __init__(self, seconds=0.0, meanwhile=None):
+        self.seconds, self.meanwhile = seconds, meanwhile
+
+    async def scrape_all(self, targets):
+        import asyncio
+
+        from kvtier.telemetry.exposition import parse_exposition
+
+        scrapes = []
+        for index, target in enumerate(targets):
+            if index:
+                await asyncio.sleep(self.seconds)
+            scrapes.append(Scrape(target, "vllm", time.time(), 0.0, page=parse_exposition(self.PAGE)))
+        if self.meanwhile is not None:
+            self.meanwhile()
+        return scrapes
+
+
+def _with_replicas(loop, name="chat", uid="u-1", replicas=2):
+    """An InferenceDeployment that needs only vLLM's numbers (no LMCache), and its Ready replicas."""
+    metadata = {**DEPLOYMENT["metadata"], "name": name, "uid": uid}
+    body = {**DEPLOYMENT, "metadata": metadata, "spec": {"kvCache": {"mode": "None"}}}
+    loop.observe("ADDED", body)
+    for index in range(replicas):
+        loop.targets.apply("ADDED", replica(f"{name}-{index}", deployment=name, ip=f"127.1.{uid[-1]}.{index + 1}"))
+    return body
+
+
+def _condition(loop, name):
+    """The MetricsAvailable condition of the last status patch of deployment `name`."""
+    patch = [patch for _, _, patched, _, patch in loop.kube.patches if patched == name][-1]
+    return next(c for c in patch["status"]["conditions"] if c["type"] == "MetricsAvailable")
+
+
+async def test_a_replica_scraped_early_in_a_cycle_that_overran_is_not_stale_at_its_end():
+    """The loop's own slowness is not the replicas': 1,000 replicas on a saturated machine took 83 s a cycle,
+    longer than the 50 s after which a replica counts as stale, and MetricsAvailable flapped for all of them."""
+    config = OperatorConfig(scrape_interval_seconds=0.1, scrape_timeout_seconds=0.1, status_interval_seconds=0)
+    assert config.stale_seconds == 0.4
+    loop = TelemetryLoop(config, FakeKube(), OperatorMetrics())
+    _with_replicas(loop)
+    for _ in range(2):  # the first status.kv waits for the second sample
+        await loop.cycle(_SlowScraper(seconds=0.6))
+    assert _condition(loop, "chat")["status"] == "True", _condition(loop, "chat")
+    assert 0.4 < loop.lag_seconds < 1.0  # the cycle took 0.6 s and more, against an interval of 0.1 s
+    # A replica whose newest sample is older than the staleness time plus the overrun is stale.
+    assert loop.deployments[KEY].window.summary(time.time() + 1.1, lag_seconds=0.6).stale
+
+
+async def test_a_deployment_deleted_while_its_replicas_are_scraped_does_not_fail_the_cycle():
+    loop = TelemetryLoop(OperatorConfig(status_interval_seconds=0), FakeKube(), OperatorMetrics())
+    deleted = _with_replicas(loop, "chat", "u-1")
+    _with_replicas(loop, "other", "u-2")
+    await loop.cycle(_SlowScraper())
+    assert loop.kube.patches == []  # the first status.kv waits for the second sample
+    await loop.cycle(_SlowScraper(meanwhile=lambda: loop.observe("DELETED", deleted)))
+    assert [name for _, _, name, _, _ in loop.kube.patches] == ["other"]
+    assert _condition(loop, "other")["reason"] != "MetricsStale"
+
+
+def test_every_handler_on_the_watch_streams_runs_on_the_event_loop():
+    """Handlers that share state with the telemetry loop and the rebalance rounds are coroutines: kopf runs a
+    plain function on its thread pool, where it once changed the telemetry's deployments while a cycle
+    iterated them."""
+    import inspect
+
+    from kvtier.controllers import build_registry
+
+    registry = build_registry(OperatorConfig())
+    handlers = [
+        handler
+        for kind in (registry._indexing, registry._watching, registry._spawning, registry._changing)
+        for handler in kind.get_all_handlers()
+    ]
+    assert len(handlers) > 20
+    assert [handler.id for handler in handlers if not inspect.iscoroutinefunction(handler.fn)] == []

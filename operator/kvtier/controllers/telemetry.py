@@ -106,6 +106,19 @@ class TelemetryLoop:
         self.served_quotas: dict[tuple[DeploymentKey, str], tuple[float, float | None]] = {}
         #: Completed cycles (tests and logs).
         self.cycles = 0
+        #: When the cycle under way started and how far the last one overran the interval (monotonic s).
+        self._cycle_started: float | None = None
+        self._last_overrun = 0.0
+
+    @property
+    def lag_seconds(self) -> float:
+        """How far the loop's own cycles run behind the scrape interval (the last one's overrun, or the
+        current one's so far). Staleness is judged that much later: a cycle of 1,000 replicas on a
+        saturated machine took 83 s, and a replica scraped at its start must not count as stale at its
+        end because the operator itself was slow."""
+        interval = self.config.scrape_interval_seconds
+        current = 0.0 if self._cycle_started is None else time.monotonic() - self._cycle_started - interval
+        return max(self._last_overrun, current, 0.0)
 
     def observe(self, kind: str | None, body: Mapping[str, Any]) -> None:
         """An InferenceDeployment event: remember its newest body, forget it once deleted."""
@@ -133,7 +146,8 @@ class TelemetryLoop:
         """The quota replica `pod` served at its last quota read, if that is fresh (None: unknown, stale
         (the server may have lost it since), or none set)."""
         served = self.served_quotas.get(((namespace, deployment), pod))
-        if served is None or (now if now is not None else time.time()) - served[0] > self.config.stale_seconds:
+        fresh_for = self.config.stale_seconds + self.lag_seconds
+        if served is None or (now if now is not None else time.time()) - served[0] > fresh_for:
             return None
         return served[1]
 
@@ -177,13 +191,18 @@ class TelemetryLoop:
 
     async def cycle(self, scraper: Scraper, prometheus: PrometheusClient | None = None) -> None:
         started = time.monotonic()  # writes are spaced by cycle starts, which are an interval apart
+        self._cycle_started = started
         by_deployment = self.targets.by_deployment()
         for deployment in self.deployments.values():
             deployment.failures = []
-        if prometheus is None:
-            summaries = await self._scrape(scraper, by_deployment)
-        else:
-            summaries = await self._query(scraper, prometheus, by_deployment)
+        try:
+            if prometheus is None:
+                summaries = await self._scrape(scraper, by_deployment)
+            else:
+                summaries = await self._query(scraper, prometheus, by_deployment)
+        finally:
+            self._last_overrun = max(0.0, time.monotonic() - started - self.config.scrape_interval_seconds)
+            self._cycle_started = None
         writes = asyncio.Semaphore(STATUS_WRITES_IN_FLIGHT)
 
         async def report(key: DeploymentKey, deployment: _Deployment) -> None:
@@ -214,7 +233,9 @@ class TelemetryLoop:
         for scrape in scrapes:
             per_pod.setdefault((scrape.target.key, scrape.target.pod), {})[scrape.endpoint] = scrape
         for (key, pod), endpoints in per_pod.items():
-            deployment = self.deployments[key]
+            deployment = self.deployments.get(key)
+            if deployment is None:
+                continue  # deleted while its replicas were scraped
             failed = [f"{pod}: {name}: {s.error}: {s.detail}" for name, s in endpoints.items() if not s.ok]
             deployment.failures.extend(failed)
             vllm = endpoints.get("vllm")
@@ -231,11 +252,11 @@ class TelemetryLoop:
         if self.demand is not None:
             for key, targets in by_deployment.items():
                 self.demand.forget(key, [t.pod for t in targets])
-        now = time.time()
+        now, lag = time.time(), self.lag_seconds
         return {
-            key: self.deployments[key].window.summary(now, replicas=[t.pod for t in targets])
+            key: deployment.window.summary(now, replicas=[t.pod for t in targets], lag_seconds=lag)
             for key, targets in by_deployment.items()
-            if key in self.deployments
+            if (deployment := self.deployments.get(key)) is not None
         }
 
     async def _query(
@@ -254,6 +275,8 @@ class TelemetryLoop:
         quotas: dict[DeploymentKey, dict[str, Any]] = {}
         probes: dict[tuple[DeploymentKey, str], Scrape] = {}
         for scrape in await scraper.scrape_all(direct):
+            if scrape.target.key not in self.deployments:
+                continue  # deleted while its replicas were read
             if not scrape.ok:
                 self.deployments[scrape.target.key].failures.append(
                     f"{scrape.target.pod}: {scrape.endpoint}: {scrape.error}: {scrape.detail}"
@@ -265,7 +288,7 @@ class TelemetryLoop:
                 probes[scrape.target.key, scrape.target.pod] = scrape
         if self.demand is not None:
             for (key, pod), scrape in probes.items():
-                if not self.deployments[key].stored:
+                if not self.deployments[key].stored:  # present: the loop above has not awaited since
                     continue
                 quota = quotas.get(key, {}).get(pod)
                 self.demand.observe(key, pod, scrape.at, replica_snapshot(probe=scrape.page, quota=quota))
@@ -273,7 +296,9 @@ class TelemetryLoop:
                 self.demand.forget(key, [t.pod for t in targets])
 
         async def summary(key: DeploymentKey, targets: list[Target]) -> Summary | None:
-            deployment = self.deployments[key]
+            deployment = self.deployments.get(key)
+            if deployment is None:
+                return None  # deleted while the queries of others were answered
             namespace, name = key
             selector = f'namespace="{namespace}",pod=~"{name.replace(".", "[.]")}-[0-9]+"'
             answers = await prometheus.query_all(promql.deployment_queries(selector, window))
@@ -402,6 +427,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         if getattr(memo, "metrics_server", None) is not None:
             await memo.metrics_server.cleanup()
 
+    # Async, so that it runs on the event loop with the cycle: on kopf's thread pool it changed
+    # `deployments` while a cycle iterated it ("dictionary changed size during iteration", a lost cycle).
     @kopf.on.event(*DEPLOYMENT, id="telemetry", registry=registry)
-    def observe(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    async def observe(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
         memo.telemetry.observe(event.get("type"), event.get("object") or {})

@@ -231,8 +231,9 @@ class DeploymentWindow:
         while len(samples) > 1 and samples[1][0] <= start:
             samples.popleft()  # the newest sample at or before the start stays as the baseline
 
-    def replica_window(self, uid: str, now: float) -> ReplicaWindow | None:
-        """The window of one replica at ``now``; None when it has no sample inside the window."""
+    def replica_window(self, uid: str, now: float, lag_seconds: float = 0.0) -> ReplicaWindow | None:
+        """The window of one replica at ``now``; None when it has no sample inside the window.
+        ``lag_seconds``: how far the scraper itself runs late, added to the time after which it is stale."""
         samples = self._replicas.get(uid)
         if not samples:
             return None
@@ -260,23 +261,24 @@ class DeploymentWindow:
             storage_used_bytes=newest.storage_used_bytes,
             demand_chunks=newest.demand_chunks,
             demand_bytes=newest.demand_bytes,
-            stale=self._stale_reason(newest_time, newest, now),
+            stale=self._stale_reason(newest_time, newest, now, lag_seconds),
         )
 
-    def _stale_reason(self, newest_time: float, newest: Snapshot, now: float) -> str | None:
-        if now - newest_time > self.stale_seconds:
-            return f"no sample in the last {self.stale_seconds:g} s"
+    def _stale_reason(self, newest_time: float, newest: Snapshot, now: float, lag_seconds: float) -> str | None:
+        if now - newest_time > self.stale_seconds + lag_seconds:
+            return f"no sample in the last {self.stale_seconds + lag_seconds:.0f} s"
         missing = [describe(name) for name in self.required if getattr(newest, name) is None]
         if missing:
             return "not served: " + ", ".join(missing)
         return None
 
-    def summary(self, now: float, replicas: Iterable[str] | None = None) -> Summary:
+    def summary(self, now: float, replicas: Iterable[str] | None = None, lag_seconds: float = 0.0) -> Summary:
         """The deployment at ``now``. ``replicas``: the pod uids that must report (default: every
-        replica with a sample in the window); one of them without data makes the summary stale."""
+        replica with a sample in the window); one of them without data makes the summary stale.
+        ``lag_seconds`` as in :meth:`replica_window`."""
         windows = {}
         for uid in list(self._replicas):
-            window = self.replica_window(uid, now)
+            window = self.replica_window(uid, now, lag_seconds)
             if window is None and now - self._replicas[uid][-1][0] > self.window_seconds + self.stale_seconds:
                 del self._replicas[uid]  # long gone
             elif window is not None:
