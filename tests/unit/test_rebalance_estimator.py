@@ -214,3 +214,18 @@ def test_a_deployment_curve_splits_its_units_between_replicas():
     assert deployment_curve([replica, replica], 2, 7) == [0.0, 0.0, 2.0, 2.0, 3.0, 3.0, 3.5, 3.5]
     # An unscraped replica counts as the mean of the others.
     assert deployment_curve([replica], 2, 4) == [0.0, 0.0, 2.0, 2.0, 3.0]
+
+
+def test_a_deployment_curve_is_the_scaled_sum_of_its_replicas_curves_at_each_ones_share():
+    """The definition, point by point, for replica curves shorter and longer than the shares asked of them."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        replicas, units = rng.randint(1, 6), rng.randint(0, 300)
+        curves = [[rng.random() * k for k in range(rng.randint(1, 120))] for _ in range(rng.randint(1, replicas))]
+        scale = replicas / len(curves)
+        expected = [
+            scale * sum(curve[min(total // replicas, len(curve) - 1)] for curve in curves) for total in range(units + 1)
+        ]
+        assert deployment_curve(curves, replicas, units) == expected

@@ -312,8 +312,12 @@ def deployment_curve(replica_curves: Sequence[Sequence[float]], replicas: int, u
     if replicas < 1 or not replica_curves:
         raise ValueError("a deployment needs >= 1 replica and >= 1 curve")
     scale = replicas / len(replica_curves)
+    quotas = units // replicas + 1  # per-replica quotas 0..units // replicas, each `replicas` totals long
 
-    def at(curve: Sequence[float], quota: int) -> float:
-        return curve[min(quota, len(curve) - 1)]
+    def padded(curve: Sequence[float]) -> list[float]:
+        return [*curve[:quotas], *[curve[-1]] * (quotas - len(curve))]
 
-    return [scale * sum(at(curve, total // replicas) for curve in replica_curves) for total in range(units + 1)]
+    # The same sums in the same order as one per total (a round computes this for every member of
+    # every pool; per total, it was most of a 1,000-deployment operator's rebalance time).
+    by_quota = [scale * sum(values) for values in zip(*map(padded, replica_curves))]
+    return [by_quota[total // replicas] for total in range(units + 1)]
