@@ -266,7 +266,9 @@ class DeploymentWindow:
 
     def _stale_reason(self, newest_time: float, newest: Snapshot, now: float, lag_seconds: float) -> str | None:
         if now - newest_time > self.stale_seconds + lag_seconds:
-            return f"no sample in the last {self.stale_seconds + lag_seconds:.0f} s"
+            # True as it stands, and the same from cycle to cycle: a reason that moved with the lag would be
+            # a material change, a status write, every cycle.
+            return f"no sample in the last {self.stale_seconds:g} s"
         missing = [describe(name) for name in self.required if getattr(newest, name) is None]
         if missing:
             return "not served: " + ", ".join(missing)
