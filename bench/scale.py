@@ -290,13 +290,17 @@ class Result:
     attribution: str = ""
 
 
+def condition_true(body: dict[str, Any], kind: str) -> bool:
+    return any(
+        c.get("type") == kind and c.get("status") == "True" for c in (body.get("status") or {}).get("conditions") or []
+    )
+
+
 def kv_ready(body: dict[str, Any]) -> bool:
     """Ready, and `status.kv` carries the telemetry's numbers (`sampledAt`), not only the pass's storage quota:
     counting the latter made the first telemetry writes fall into the steady window (543 status writes a minute
     at 1,000 x 1, most of them the first fill)."""
-    status = body.get("status") or {}
-    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
-    return ready and bool((status.get("kv") or {}).get("sampledAt"))
+    return condition_true(body, "Ready") and bool(((body.get("status") or {}).get("kv") or {}).get("sampledAt"))
 
 
 async def create_all(kube: KubeClient, bodies: list[tuple[Any, dict[str, Any]]], concurrency: int = 16) -> None:
@@ -316,12 +320,6 @@ async def create_all(kube: KubeClient, bodies: list[tuple[Any, dict[str, Any]]],
                 await asyncio.sleep(0.5 * (attempt + 1))
 
     await asyncio.gather(*(one(resource, body) for resource, body in bodies))
-
-
-def condition_true(body: dict[str, Any], kind: str) -> bool:
-    return any(
-        c.get("type") == kind and c.get("status") == "True" for c in (body.get("status") or {}).get("conditions") or []
-    )
 
 
 async def count_ready(kube: KubeClient) -> tuple[int, int]:
