@@ -48,6 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kvtier.controllers.conditions import find
 from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, PODS, STORAGECLASSES, APIError, KubeClient
 from kvtier.sim.pods import KvsimEngines
 from kvtier.testing.cluster import EmbeddedCluster, SimulatedCluster
@@ -291,9 +292,7 @@ class Result:
 
 
 def condition_true(body: dict[str, Any], kind: str) -> bool:
-    return any(
-        c.get("type") == kind and c.get("status") == "True" for c in (body.get("status") or {}).get("conditions") or []
-    )
+    return (find((body.get("status") or {}).get("conditions") or [], kind) or {}).get("status") == "True"
 
 
 def kv_ready(body: dict[str, Any]) -> bool:
@@ -368,14 +367,15 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
             )
             phase = time.monotonic()
             metrics_port = free_port()
-            operator = start_operator(cluster.kubeconfig, metrics_port, args, out / f"operator-{deployments}.log")
+            operator_log = out / "work" / f"operator-{deployments}.log"
+            operator = start_operator(cluster.kubeconfig, metrics_port, args, operator_log)
             deadline = time.monotonic() + 120
             while True:
                 with contextlib.suppress(OSError, Exception):
                     await operator_metrics(metrics_port)
                     break
                 if operator.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the operator did not start; see {out / f'operator-{deployments}.log'}")
+                    raise RuntimeError(f"the operator did not start; see {operator_log}")
                 await asyncio.sleep(0.5)
             result.phases["operator up"] = time.monotonic() - phase
             log(f"operator pid {operator.pid}, metrics on :{metrics_port}")
@@ -658,7 +658,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scale")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else [args.deployments]
-    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "work").mkdir(parents=True, exist_ok=True)
 
     total = time.monotonic()
     results = []
@@ -667,7 +667,9 @@ def main() -> None:
         result = asyncio.run(run_size(args, size, args.out))
         results.append(result)
         print_table([result])  # each size as it ends (a long series may be cut short)
-        (args.out / f"scale-{args.ground}-{size}.json").write_text(json.dumps(asdict(result), indent=2))
+        # A checkpoint of each size (a long series may be cut short), beside its operator log; the run's
+        # results are the stamped files below.
+        (args.out / "work" / f"scale-{args.ground}-{size}.json").write_text(json.dumps(asdict(result), indent=2))
     phase = time.monotonic()
     round_ms = rebalance_round_ms()
     for result in results:

@@ -82,8 +82,8 @@ class OperatorConfig:
 
     @property
     def stale_seconds(self) -> float:
-        """A replica without a sample for this long is stale (three missed cycles), plus however far the
-        telemetry's own cycle overruns the interval (`TelemetryLoop.lag_seconds`)."""
+        """A replica without a sample for this long is stale (three missed cycles); the telemetry loop waits
+        longer by however far its own cycle overruns the interval (`TelemetryLoop.lag_seconds`)."""
         return 3 * self.scrape_interval_seconds + self.scrape_timeout_seconds
 
 
