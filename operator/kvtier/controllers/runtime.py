@@ -126,8 +126,13 @@ def measured(kind: str, handler: H) -> H:
 
     @functools.wraps(handler)
     async def wrapper(**kwargs: Any) -> Any:
-        metrics = getattr(kwargs.get("memo"), "metrics", None)
-        running: set[asyncio.Future[None]] = getattr(kwargs.get("memo"), "passes", set())
+        memo = kwargs.get("memo")
+        if getattr(memo, "stopping", False):
+            # The operator is exiting and its clients are closing: a pass kopf starts now would fail on a
+            # closed session. The next operator's resume pass and resync do its work (reconcile is level-based).
+            return None
+        metrics = getattr(memo, "metrics", None)
+        running: set[asyncio.Future[None]] = getattr(memo, "passes", set())
         start, result, done = time.perf_counter(), "success", asyncio.get_running_loop().create_future()
         running.add(done)
         try:
@@ -167,16 +172,22 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         memo.kube = await KubeClient(connection, user_agent="kvtier-operator").open()
         memo.config = config
         memo.passes = set()
+        memo.stopping = False
 
     @kopf.on.cleanup(id="drain-passes", registry=registry)
     async def drain(memo: kopf.Memo, **_: Any) -> None:
         """Let the passes still running end before any client closes (registered first, so it runs first).
 
         At exit kopf leaves a timer's pass running ("orphaned"); without this wait, every one in flight
-        would fail on a closed session and log a traceback on each shutdown of a busy operator."""
-        running = [done for done in getattr(memo, "passes", ()) if not done.done()]
-        if running:
-            await asyncio.wait(running, timeout=DRAIN_SECONDS)
+        would fail on a closed session and log a traceback on each shutdown of a busy operator. No pass
+        starts from here on (`measured`): one that started while the drain waited once failed that way."""
+        memo.stopping = True
+        deadline = asyncio.get_running_loop().time() + DRAIN_SECONDS
+        while running := [done for done in getattr(memo, "passes", ()) if not done.done()]:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            await asyncio.wait(running, timeout=left)
 
     @kopf.on.login(id="login", registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
