@@ -276,3 +276,26 @@ def test_generate_latest_round_trips_exactly(registry):
     page = parse_exposition(body)
     assert page.problems == []
     assert found(page) == expected
+
+
+def test_only_the_names_asked_for_are_read_and_garbage_is_still_reported():
+    body = (
+        "# TYPE skipped_total counter\n"
+        'skipped_total{a="1"} 5\n'
+        "skipped 7\n"
+        "skipped\t8\n"
+        'kept{b="2"} 1\n'
+        "kept_total 2\n"
+        "kept 3\n"
+        "bad{ 4\n"  # not one of the names, but not a sample either: reported
+        "@garbage\n"
+    )
+    page = parse_exposition(body, names={"kept", "kept_total", "bad"})
+    assert found(page) == want(("kept", {"b": "2"}, 1), ("kept_total", {}, 2), ("kept", {}, 3))
+    assert page.series == 3
+    assert page.types == {"skipped_total": "counter"}  # TYPE lines are always read
+    assert [problem.line for problem in page.problems] == [8, 9]
+    unfiltered = parse_exposition(body)
+    assert found(unfiltered) == {**found(page), **want(("skipped_total", {"a": "1"}, 5), ("skipped", {}, 7))}
+    assert [problem.line for problem in unfiltered.problems] == [4, 8, 9]  # the repeated `skipped`
+    assert parse_exposition("x 1\n", names=()).series == 0 and not parse_exposition("x 1\n", names=()).problems

@@ -433,3 +433,42 @@ def _registry(collector):
     registry = CollectorRegistry()
     registry.register(collector)
     return registry
+
+
+def test_the_scraper_reads_every_series_a_snapshot_asks_for_and_a_filtered_page_gives_the_same_snapshot(
+    monkeypatch,
+):
+    """SERIES_READ (what the scraper parses) must name every series the snapshot reads, or a field goes missing."""
+    from kvtier.telemetry import engines
+
+    asked: set[str] = set()
+    samples = engines._Reader.samples
+
+    def recording_samples(self, names):
+        names = list(names)
+        asked.update(names)
+        return samples(self, names)
+
+    monkeypatch.setattr(engines._Reader, "samples", recording_samples)
+    engines.replica_snapshot(parse_exposition(""), parse_exposition(""), parse_exposition(""))
+    assert asked and asked <= engines.SERIES_READ, sorted(asked - engines.SERIES_READ)
+
+    server = SimServer(PARAMS, model="m")
+    server.set_quota("", 0.01)
+    for index in range(30):
+        server.serve(list(range(index % 5, index % 5 + 4)), 16, 4)
+    probe = DemandProbe(max_chunks=8, chunk_bytes=100)
+    probe.feed(
+        b'{"timestamp": 1, "request_id": "r", "model_name": "m", "chunk_size": 4, "seq_len": 8, '
+        b'"dtypes": [], "shapes": [], "chunk_hashes": ["a", "b"]}'
+    )
+    bodies = [
+        generate_latest(server.vllm_registry),
+        generate_latest(server.mp_registry),
+        generate_latest(_registry(probe)),
+    ]
+    whole = replica_snapshot(*(parse_exposition(body) for body in bodies))
+    filtered_pages = [parse_exposition(body, names=engines.SERIES_READ) for body in bodies]
+    assert replica_snapshot(*filtered_pages) == whole
+    assert whole.ttft is not None and whole.demand_chunks is not None and whole.lmcache_hit is not None
+    assert sum(page.series for page in filtered_pages) < sum(parse_exposition(body).series for body in bodies)

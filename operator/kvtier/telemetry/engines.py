@@ -145,6 +145,35 @@ COUNTERS = (
     "lmcache_lookups",
 )
 
+# How a snapshot reads each family (see :class:`_Reader`): a counter as ``<name>_total`` or bare, a
+# gauge as named, a histogram as ``<name>_bucket`` and ``<name>_sum``.
+_COUNTER_FAMILIES = (
+    PROMPT_TOKENS,
+    PROMPT_TOKENS_BY_SOURCE,
+    PREFIX_QUERIES,
+    PREFIX_HITS,
+    EXTERNAL_QUERIES,
+    EXTERNAL_HITS,
+    PREEMPTIONS,
+    LMCACHE_REQUESTED,
+    LMCACHE_HIT,
+    LMCACHE_HIT_L1,
+    LMCACHE_HIT_L2,
+    LMCACHE_LOOKUPS,
+    PROBE_LOOKUPS,
+    PROBE_DECAY_TICKS,
+)
+_GAUGE_FAMILIES = (WATERMARK, CPU_USED, STORAGE_USED, PROBE_LAST_LOOKUP, PROBE_TICK_SECONDS, PROBE_WINDOW_SECONDS)
+_HISTOGRAM_FAMILIES = (TTFT, (STACK_DISTANCE_CHUNKS,), (STACK_DISTANCE_BYTES,))
+
+#: Every sample name (as on the wire) a snapshot reads: the scraper parses these and skips the rest
+#: of a page (a vLLM page serves many more).
+SERIES_READ = frozenset(
+    [f"{base}{suffix}" for family in _COUNTER_FAMILIES for base in family for suffix in ("_total", "")]
+    + [name for family in _GAUGE_FAMILIES for name in family]
+    + [f"{name}{suffix}" for family in _HISTOGRAM_FAMILIES for name in family for suffix in ("_bucket", "_sum")]
+)
+
 #: How each field is spelled on the wire, for messages that say which series is missing.
 SOURCES = {
     "hbm_watermark": WATERMARK,

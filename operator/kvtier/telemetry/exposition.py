@@ -20,6 +20,9 @@ approximated. In detail:
   otherwise yield a wrong number (``12`` of ``1234``). Every exporter ends its page with one.
 - Bounds: only the first ``max_bytes`` bytes (up to the last full line) and the first
   ``max_series`` series are read; :attr:`Page.truncated` says so.
+- ``names``, when given, are the only sample names (as on the wire) read: a line of another name is
+  skipped unread, neither a sample, a series nor a problem. A line that does not start with a name
+  is still read and reported.
 
 Samples are indexed by their name on the wire (``x_total``, ``x_bucket``, ``x_sum``...):
 :meth:`Page.samples_of` lists them and :meth:`Page.sum` adds up the ones whose labels match.
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -139,6 +142,7 @@ def parse_exposition(
     *,
     max_bytes: int = MAX_BYTES,
     max_series: int = MAX_SERIES,
+    names: Container[str] | None = None,
 ) -> Page:
     """Parse one page; never raises (see the module docstring for what is kept and what is reported)."""
     page = Page()
@@ -162,13 +166,13 @@ def parse_exposition(
                     f"{max_bytes} (up to the last full line)",
                 )
             )
-        _parse_lines(_decode(body, problems), page, max_series)
+        _parse_lines(_decode(body, problems), page, max_series, names)
     except Exception as error:
         problems.append(Problem(0, f"parser error: {type(error).__name__}: {error}"))
     return page
 
 
-def _parse_lines(text: str, page: Page, max_series: int) -> None:
+def _parse_lines(text: str, page: Page, max_series: int, names: Container[str] | None) -> None:
     lines = text.split("\n")
     last = lines.pop()  # "" when the text ends with a newline
     if last.strip() and not page.truncated:
@@ -178,6 +182,7 @@ def _parse_lines(text: str, page: Page, max_series: int) -> None:
     seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     label_cache: dict[str, tuple[dict[str, str], frozenset[tuple[str, str]]] | None] = {"": ({}, frozenset())}
     match_sample = _SAMPLE.fullmatch
+    match_name = _NAME_ONLY.match
     new_sample = tuple.__new__
     for number, line in enumerate(lines, 1):
         if not line:
@@ -187,6 +192,10 @@ def _parse_lines(text: str, page: Page, max_series: int) -> None:
             if line.startswith("# TYPE") or not line.startswith("# HELP"):
                 _comment(line, number, page)
             continue
+        if names is not None:
+            head = match_name(line)
+            if head is not None and head.group() not in names and line[head.end() : head.end() + 1] in ("{", " ", "\t"):
+                continue  # a series nobody asked for: not read
         match = match_sample(line)
         if match is None:
             problems.append(Problem(number, f"not a sample: {line[:80]!r}"))

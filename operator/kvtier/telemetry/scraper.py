@@ -4,7 +4,8 @@
 cycles). :meth:`Scraper.scrape_all` fetches every endpoint of every :class:`~.targets.Target`
 with at most ``concurrency`` requests in flight, each bounded by ``timeout`` seconds and
 ``max_bytes`` of body, parses each page (:func:`~.exposition.parse_exposition`, which never
-raises; the ``quota`` endpoint is JSON) and returns one :class:`Scrape` per endpoint. A failure
+raises; only the series a snapshot reads, :data:`~.engines.SERIES_READ`; the ``quota`` endpoint is
+JSON) and returns one :class:`Scrape` per endpoint. A failure
 is classified, never raised:
 
 - ``timeout``: no full answer within ``timeout`` seconds;
@@ -34,6 +35,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 
+from kvtier.telemetry.engines import SERIES_READ
 from kvtier.telemetry.exposition import MAX_BYTES, Page, parse_exposition
 from kvtier.telemetry.metrics import OperatorMetrics
 from kvtier.telemetry.targets import ENDPOINTS, Target
@@ -169,7 +171,7 @@ class Scraper:
                     )
                 )
             return self._record(Scrape(target, endpoint, at, time.perf_counter() - start, data=data))
-        page = parse_exposition(body, max_bytes=self.max_bytes)
+        page = parse_exposition(body, max_bytes=self.max_bytes, names=SERIES_READ)
         duration = time.perf_counter() - start
         if page.problems and not page.series:
             problem = page.problems[0]
