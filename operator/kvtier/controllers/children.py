@@ -135,7 +135,18 @@ def project(observed: Any, rendered: Any) -> Any:
 @dataclass(frozen=True)
 class _Record:
     digest: str
-    projection: Any
+    #: The digest of what the child held of the rendered fields, and at which resourceVersion it was seen:
+    #: an object at the same resourceVersion is unchanged, so it is not projected again.
+    projection: str
+    resource_version: str | None
+
+
+def _seen(child: dict[str, Any], observed: dict[str, Any]) -> _Record:
+    return _Record(
+        child["metadata"]["annotations"][DIGEST_ANNOTATION],
+        digest(project(observed, child)),
+        observed["metadata"].get("resourceVersion"),
+    )
 
 
 class Applied:
@@ -151,15 +162,26 @@ class Applied:
         wanted = child["metadata"]["annotations"][DIGEST_ANNOTATION]
         if (observed["metadata"].get("annotations") or {}).get(DIGEST_ANNOTATION) != wanted:
             return True
-        projection = project(observed, child)
         record = self._records.get(key)
+        version = observed["metadata"].get("resourceVersion")
+        if (
+            record is not None
+            and record.digest == wanted
+            and version is not None
+            and record.resource_version == version
+        ):
+            return False  # not changed since it was last compared
+        seen = _seen(child, observed)
         if record is None or record.digest != wanted:
-            self._records[key] = _Record(wanted, projection)  # a restart: what is there is what was applied
+            self._records[key] = seen  # a restart: what is there is what was applied
             return False
-        return record.projection != projection
+        if record.projection != seen.projection:
+            return True
+        self._records[key] = seen  # changed only in fields kvtier does not own (status, others' labels)
+        return False
 
     def applied(self, key: Key, child: dict[str, Any], result: dict[str, Any]) -> None:
-        self._records[key] = _Record(child["metadata"]["annotations"][DIGEST_ANNOTATION], project(result, child))
+        self._records[key] = _seen(child, result)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what is remembered of a deployment's children (it is gone)."""
