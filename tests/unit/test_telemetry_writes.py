@@ -88,6 +88,8 @@ async def test_a_restarted_operator_writes_only_what_moved_since_the_status_it_f
     }
     loop = TelemetryLoop(OperatorConfig(status_interval_seconds=30), FakeKube(), OperatorMetrics())
     loop.observe("ADDED", {**DEPLOYMENT, "status": found})
+    await write(loop, FIRST, now=85.0)
+    assert loop.kube.patches == [], "its first scrape has no rates yet: not compared with the rates written"
     await write(loop, SECOND, now=100.0)
     assert loop.kube.patches == [], "the object already says this"
     moved = Summary(**{**SECOND.__dict__, "prompt_tokens_per_second": 2400.0})

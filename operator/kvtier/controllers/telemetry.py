@@ -360,12 +360,17 @@ class TelemetryLoop:
         body = deployment.body
         found = body.get("status") or {}
         written = written_summary(found.get("kv"), summary) if summary is not None else None
-        if written is None and summary is not None and summary.stale is None and not summary.span_seconds:
-            return  # its first status.kv waits for the next scrape, which brings the rates and hit ratios
+        # One sample a replica (a new deployment, or this process's first scrape after a restart) has no rates:
+        # a first status.kv waits for the next scrape, and one written before is not compared with it.
+        first_sample = summary is not None and summary.stale is None and not summary.span_seconds
+        if written is None and first_sample:
+            return
         conditions = list(found.get("conditions") or [])
         current = find(conditions, CONDITION) or {}
         condition_moved = (current.get("status"), current.get("reason"), current.get("message")) != condition
-        kv_moved = summary is not None and summary.replicas > 0 and materially_changed(written, summary)
+        kv_moved = (
+            summary is not None and summary.replicas > 0 and not first_sample and materially_changed(written, summary)
+        )
         if not (condition_moved or kv_moved):
             return
         metadata = body["metadata"]
