@@ -22,7 +22,11 @@ own process, creates the pools (CSI, the simulator provisions) and the deploymen
 - scrape latency p50/p99: the operator's own ``kvtier_scrape_duration_seconds`` histogram (increments over
   the window, linear within a bucket);
 - one rebalance round of a 100-deployment pool: the pure planner
-  (:func:`kvtier.rebalance.round.plan_round`) on synthetic input with an empty demand book.
+  (:func:`kvtier.rebalance.round.plan_round`) on synthetic input with an empty demand book;
+- a restart (``--restart`` s, after the window): the operator killed (SIGKILL) and started again; its API
+  requests on the way back (per second, and by verb and resource) and the quotas as recorded (status, the
+  pools' ledgers) and as the engines serve them, compared before and after, beside the new process's
+  rebalance moves.
 
 Prints each phase's wall time, a table, writes ``<out>/scale-<ground>.json`` and a plot against size.
 """
@@ -51,6 +55,7 @@ from typing import Any
 from kvtier.controllers.conditions import find
 from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, NAMESPACES, PODS, STORAGECLASSES, APIError, KubeClient
 from kvtier.sim.pods import KvsimEngines
+from kvtier.telemetry.exposition import parse_exposition
 from kvtier.testing.cluster import EmbeddedCluster, SimulatedCluster
 from kvtier.testing.engines import stub_engine
 from kvtier.testing.podsim import NodeSpec
@@ -112,8 +117,7 @@ def nodes_for(pods: int) -> list[NodeSpec]:
     return [NodeSpec(f"scale-node-{i}", cpu="2000", memory="64Ti", gpus=PODS_PER_NODE) for i in range(count)]
 
 
-def make_ground(kind: str, pods: int) -> SimulatedCluster:
-    engines = KvsimEngines(None, fallback=stub_engine, trace_dir=None, default_load=None)
+def make_ground(kind: str, pods: int, engines: KvsimEngines) -> SimulatedCluster:
     if kind == "real":
         from kvtier.testing.realcluster import ControlPlaneCluster
 
@@ -148,9 +152,10 @@ def sample(pid: int) -> ProcessSample:
     return ProcessSample(time.monotonic(), cpu, rss)
 
 
-def start_operator(
+async def start_operator(
     kubeconfig: Path, metrics_port: int, args: argparse.Namespace, logfile: Path
 ) -> subprocess.Popen[bytes]:
+    """``kvtier run`` as its own process, once its metrics port answers."""
     command = [
         sys.executable,
         "-m",
@@ -168,7 +173,16 @@ def start_operator(
         str(args.status_interval),
     ]
     with logfile.open("wb") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
+        operator = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while True:
+        with contextlib.suppress(OSError, Exception):
+            await operator_metrics(metrics_port)
+            return operator
+        if operator.poll() is not None or time.monotonic() > deadline:
+            operator.kill()
+            raise RuntimeError(f"the operator did not start; see {logfile}")
+        await asyncio.sleep(0.2)
 
 
 async def operator_metrics(port: int) -> str:
@@ -182,38 +196,9 @@ async def operator_metrics(port: int) -> str:
 
 
 def parse_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
-    """The samples of one metric family (`name` exactly) as (labels, value)."""
-    found = []
-    for line in text.splitlines():
-        if not line.startswith(name) or line.startswith("#"):
-            continue
-        head, _, value = line.rpartition(" ")
-        if "{" in head:
-            metric, _, rest = head.partition("{")
-            labels = dict(
-                part.split("=", 1) for part in _split_labels(rest.rstrip("}")) if "=" in part
-            )  # values quoted
-            labels = {k: v.strip('"') for k, v in labels.items()}
-        else:
-            metric, labels = head, {}
-        if metric == name:
-            found.append((labels, float(value)))
-    return found
-
-
-def _split_labels(text: str) -> list[str]:
-    parts, current, quoted = [], "", False
-    for char in text:
-        if char == '"':
-            quoted = not quoted
-        if char == "," and not quoted:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    if current:
-        parts.append(current)
-    return parts
+    """The samples of one metric family (`name` exactly) as (labels, value), read by the operator's own parser."""
+    page = parse_exposition(text, max_bytes=len(text.encode()) + 1, max_series=10**7, names={name})
+    return [(sample.labels, sample.value) for sample in page.samples_of(name)]
 
 
 def request_counts(text: str) -> Counter[tuple[str, str]]:
@@ -289,6 +274,8 @@ class Result:
     scrape_p99_ms: float | None = None
     rebalance_round_ms: float | None = None
     attribution: str = ""
+    restart: dict[str, Any] = field(default_factory=dict)
+    """The operator killed (SIGKILL) after the steady window and started again (``--restart`` s watched)."""
 
 
 def condition_true(body: dict[str, Any], kind: str) -> bool:
@@ -338,7 +325,8 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
     result = Result(args.ground, min(args.pools, deployments), deployments, args.replicas)
     pods = deployments * args.replicas
     started = time.monotonic()
-    cluster = make_ground(args.ground, pods)
+    engines = KvsimEngines(None, fallback=stub_engine, trace_dir=None, default_load=None)
+    cluster = make_ground(args.ground, pods, engines)
     operator: subprocess.Popen[bytes] | None = None
     paused = False
     try:
@@ -367,16 +355,9 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
             )
             phase = time.monotonic()
             metrics_port = free_port()
-            operator_log = out / "work" / f"operator-{deployments}.log"
-            operator = start_operator(cluster.kubeconfig, metrics_port, args, operator_log)
-            deadline = time.monotonic() + 120
-            while True:
-                with contextlib.suppress(OSError, Exception):
-                    await operator_metrics(metrics_port)
-                    break
-                if operator.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the operator did not start; see {operator_log}")
-                await asyncio.sleep(0.5)
+            operator = await start_operator(
+                cluster.kubeconfig, metrics_port, args, out / "work" / f"operator-{deployments}.log"
+            )
             result.phases["operator up"] = time.monotonic() - phase
             log(f"operator pid {operator.pid}, metrics on :{metrics_port}")
 
@@ -503,6 +484,9 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
                 and resource in ("kvpools/status", "inferencedeployments/status")
             )
             result.status_writes_per_minute = writes * 60
+            if args.restart > 0:
+                others_rate = {key: max(count, 0) / pause for key, count in others.items()} if server is None else {}
+                operator = await restart(args, kube, cluster, engines, operator, metrics_port, out, result, others_rate)
         finally:
             await kube.close()
     finally:
@@ -523,6 +507,143 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
             await asyncio.to_thread(plane.stop)
         result.phases["teardown"] = time.monotonic() - phase
     return result
+
+
+# -- a restart in steady state --------------------------------------------------------------------
+
+CHILD_RESOURCES = {
+    "statefulsets",
+    "services",
+    "configmaps",
+    "poddisruptionbudgets",
+    "persistentvolumes",
+    "persistentvolumeclaims",
+    "podmonitors",
+}
+WRITE_VERBS = {"create", "update", "patch", "apply", "delete"}
+
+
+async def fleet_state(kube: KubeClient, cluster: SimulatedCluster, engines: KvsimEngines) -> dict[str, Any]:
+    """Quotas as recorded (deployments' status, the pools' ledgers) and as the simulated engines serve them."""
+    recorded = {
+        item["metadata"]["name"]: ((item.get("status") or {}).get("kv") or {}).get("storage", {}).get("quota")
+        for item in (await kube.list(INFERENCEDEPLOYMENTS, NAMESPACE))["items"]
+    }
+    ledger = {
+        (pool["metadata"]["name"], entry.get("name")): (entry.get("quota"), entry.get("replicas"))
+        for pool in (await kube.list(KVPOOLS))["items"]
+        for entry in (pool.get("status") or {}).get("allocations") or []
+    }
+    assert cluster.simulator is not None
+    served = {}
+    for pod in (await cluster.simulator.kube.list(PODS, NAMESPACE))["items"]:
+        server = engines.server(pod["metadata"]["uid"])
+        if server is not None:
+            served[pod["metadata"]["name"]] = {
+                salt: server.quota_entry(salt).get("limit_gb") for salt in server.quota_salts()
+            }
+    return {"recorded": recorded, "ledger": ledger, "served": served}
+
+
+async def restart(
+    args: argparse.Namespace,
+    kube: KubeClient,
+    cluster: SimulatedCluster,
+    engines: KvsimEngines,
+    operator: subprocess.Popen[bytes],
+    metrics_port: int,
+    out: Path,
+    result: Result,
+    others_rate: dict[tuple[str, str], float],
+) -> subprocess.Popen[bytes]:
+    """Kill the operator (SIGKILL) in steady state, start it again, and watch ``--restart`` seconds: the API
+    requests on the way back (per second: all clients, and the operator's by verb and resource) and whether any
+    quota changed that the new process's rebalance rounds did not move. Returns the new process."""
+    server = cluster.server
+    before = await fleet_state(kube, cluster, engines)
+    counts: list[tuple[float, Counter[tuple[str, str]]]] = []
+    if server is None:
+        counts.append((time.monotonic(), request_counts(await kube.request("GET", "/metrics"))))
+    window_start_wall = time.time()
+    killed = time.monotonic()
+    operator.kill()
+    operator.wait(30)
+    operator = await start_operator(
+        cluster.kubeconfig, metrics_port, args, out / "work" / f"operator-{result.deployments}-restart.log"
+    )
+    up = time.monotonic() - killed
+    log(f"operator killed and started again (pid {operator.pid}), metrics up after {up:.1f} s")
+    while time.monotonic() - killed < args.restart:
+        if server is None:
+            counts.append((time.monotonic(), request_counts(await kube.request("GET", "/metrics"))))
+            await asyncio.sleep(0.5)
+        else:
+            await asyncio.sleep(1)
+    window_end_wall = time.time()
+    after = await fleet_state(kube, cluster, engines)
+    moves = sum(
+        value for _, value in parse_samples(await operator_metrics(metrics_port), "kvtier_rebalance_moves_total")
+    )
+
+    by: Counter[tuple[str, str]] = Counter()
+    per_second: list[tuple[float, float]] = []  # (seconds since the kill, the operator's requests per second)
+    if server is not None:
+        seconds: Counter[int] = Counter()
+        for record in server.requests.records:
+            if not window_start_wall <= record.time <= window_end_wall:
+                continue
+            if record.user_agent in (BENCH_AGENT, SIMULATOR_AGENT):
+                continue
+            resource = (record.resource or record.path) + (f"/{record.subresource}" if record.subresource else "")
+            by[(record.verb, resource)] += 1
+            seconds[int(record.time - window_start_wall)] += 1
+        per_second = [(float(second), float(seconds[second])) for second in range(int(args.restart) + 1)]
+        attribution = "the emulator's request log, every client but the pod simulator and the bench"
+    else:
+        baseline = sum(others_rate.values())
+        for (start, first), (end, last) in zip(counts, counts[1:], strict=False):
+            total = sum(last.values()) - sum(first.values())
+            per_second.append((round(end - killed, 1), total / (end - start) - baseline))
+        whole = counts[-1][1]
+        whole.subtract(counts[0][1])
+        span = counts[-1][0] - counts[0][0]
+        by = Counter({key: round(count - others_rate.get(key, 0.0) * span) for key, count in whole.items()})
+        attribution = (
+            f"apiserver_request_total read every {span / max(1, len(counts) - 1):.1f} s, minus the others' rate of "
+            "the steady window's pause (SIGSTOP)"
+        )
+    changed = {
+        what: sorted(
+            str(key)
+            for key in before[what].keys() | after[what].keys()
+            if before[what].get(key) != after[what].get(key)
+        )
+        for what in ("recorded", "ledger", "served")
+    }
+    result.restart = {
+        "watched_seconds": args.restart,
+        "metrics_up_seconds": round(up, 1),
+        "peak_operator_rps": round(max((rate for _, rate in per_second), default=0.0), 1),
+        "operator_requests": sum(count for count in by.values() if count > 0),
+        "operator_requests_by_verb_resource": {
+            f"{verb} {resource}": count for (verb, resource), count in by.most_common() if count > 0
+        },
+        "child_writes": sum(
+            count for (verb, resource), count in by.items() if verb in WRITE_VERBS and resource in CHILD_RESOURCES
+        ),
+        "status_writes": sum(
+            count
+            for (verb, resource), count in by.items()
+            if verb in WRITE_VERBS and resource in ("kvpools/status", "inferencedeployments/status")
+        ),
+        "rebalance_moves": moves,
+        "changed": {what: len(keys) for what, keys in changed.items()},
+        "changed_examples": {what: keys[:5] for what, keys in changed.items() if keys},
+        "compared": {what: len(before[what]) for what in ("recorded", "ledger", "served")},
+        "per_second": per_second,
+        "attribution": attribution,
+    }
+    return operator
 
 
 # -- the rebalance round --------------------------------------------------------------------------
@@ -589,6 +710,18 @@ def print_table(results: list[Result]) -> None:
         print(f"  API requests/s by verb and resource ({r.attribution}):")
         for key, rate in list(r.api_rps_by_verb_resource.items())[:15]:
             print(f"    {rate:8.3f}  {key}")
+        if r.restart:
+            x = r.restart
+            print(
+                f"  restart (SIGKILL, then {x['watched_seconds']:.0f} s watched): metrics up in "
+                f"{x['metrics_up_seconds']} s; operator requests {x['operator_requests']}, peak "
+                f"{x['peak_operator_rps']}/s; child writes {x['child_writes']}, status writes {x['status_writes']}; "
+                f"rebalance moves {x['rebalance_moves']:.0f}; changed (of compared) "
+                + ", ".join(f"{what} {count}/{x['compared'][what]}" for what, count in x["changed"].items())
+            )
+            print(f"  its requests by verb and resource ({x['attribution']}):")
+            for key, count in list(x["operator_requests_by_verb_resource"].items())[:15]:
+                print(f"    {count:8d}  {key}")
 
 
 def plot(results: list[Result], path: Path) -> None:
@@ -630,7 +763,15 @@ def plot(results: list[Result], path: Path) -> None:
     axis.set_title(f"convergence, {largest.deployments} deployments")
     axis.set_xlabel("seconds since the first create")
     axis.grid(True, alpha=0.3)
-    axes.flat[len(series) + 1].axis("off")
+    axis = axes.flat[len(series) + 1]
+    if largest.restart:
+        points = largest.restart["per_second"]
+        axis.plot([at for at, _ in points], [rate for _, rate in points])
+        axis.set_title(f"operator requests/s after a kill, {largest.deployments} deployments")
+        axis.set_xlabel("seconds since the kill")
+        axis.grid(True, alpha=0.3)
+    else:
+        axis.axis("off")
     ground, replicas = results[0].ground, results[0].replicas
     figure.suptitle(f"kvtier at scale ({ground} ground, {replicas} replicas per deployment)")
     figure.tight_layout()
@@ -654,6 +795,12 @@ def main() -> None:
     parser.add_argument("--status-interval", type=float, default=30.0)
     parser.add_argument(
         "--sim-resync", type=float, default=2.0, help="Seconds between the pod simulator's passes (readiness probes)."
+    )
+    parser.add_argument(
+        "--restart",
+        type=float,
+        default=180.0,
+        help="After the steady window: kill the operator, start it again, watch this many seconds (0: no restart).",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "scale")
     args = parser.parse_args()
