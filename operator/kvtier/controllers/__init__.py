@@ -9,7 +9,15 @@ from typing import Any
 
 import kopf
 
-from kvtier.controllers import inferencedeployments, kvpools, rebalancing, recommendation, runtime, telemetry
+from kvtier.controllers import (
+    inferencedeployments,
+    kopfgate,
+    kvpools,
+    rebalancing,
+    recommendation,
+    runtime,
+    telemetry,
+)
 from kvtier.controllers.runtime import OperatorConfig
 from kvtier.rebalance.demand import DemandBook
 from kvtier.telemetry.metrics import OperatorMetrics
@@ -78,6 +86,7 @@ async def run_operator(
         logging.getLogger("kopf.objects").removeFilter(_ROUTINE_FILTER)
     else:
         logging.getLogger("kopf.objects").addFilter(_ROUTINE_FILTER)  # idempotent
+    kopfgate.install()
     await kopf.operator(
         registry=build_registry(config),
         standalone=not config.peering,
