@@ -2,10 +2,11 @@
 
 kopf holds every handler until each object of every indexed kind has been indexed once. Each object's
 worker adds a toggle to one ``ToggleSet``, drops it once indexed, then waits for the set to be on; kopf
-1.45's set notifies its condition on every add and drop, so every waiting worker wakes on every drop to
-find the set still off: about N²/2 wake-ups for N objects. A restarted operator watching 1,000
-InferenceDeployments (about 9,000 objects of indexed kinds: the deployments, their children, pods, nodes)
-ran its first pass 166 s after it started on the 2-core bench machine (docs/scale.md).
+1.45's set notifies its condition on every add and drop, so every waiting worker (of any watched kind)
+wakes on every drop to find the set still off: about N²/2 wake-ups for N objects. A restarted operator
+watching 1,000 InferenceDeployments (about 7,000 objects of indexed kinds: the deployments and their
+ConfigMaps, Services, StatefulSets, PDBs, volumes and claims; their pods' workers wait too) ran its first
+pass 166 s after it started on the 2-core bench machine, 15 s with this (docs/scale.md).
 
 Whether the set is on changes only when a toggle is added, dropped or turned, and a waiter on the set
 waits only for that value; a toggle added or dropped changes no other toggle's value. So notifying on an
