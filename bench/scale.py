@@ -855,7 +855,8 @@ def plot(results: list[Result], path: Path) -> None:
     if largest.restart:
         points = largest.restart["per_second"]
         axis.plot([at for at, _ in points], [rate for _, rate in points])
-        axis.set_title(f"operator requests/s after a kill, {largest.deployments} deployments")
+        whose = "all clients" if largest.ground == "real" else "the operator"  # see NOT_THE_OPERATORS
+        axis.set_title(f"API requests/s after a kill ({whose})")
         axis.set_xlabel("seconds since the kill")
         axis.grid(True, alpha=0.3)
     else:
