@@ -52,6 +52,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kvtier.controllers.children import CHILD_RESOURCES
 from kvtier.controllers.conditions import find
 from kvtier.controllers.events import COMPONENT
 from kvtier.kube import (
@@ -59,6 +60,7 @@ from kvtier.kube import (
     INFERENCEDEPLOYMENTS,
     KVPOOLS,
     NAMESPACES,
+    PERSISTENT_VOLUME_CLAIMS,
     PODS,
     STORAGECLASSES,
     APIError,
@@ -75,6 +77,8 @@ NAMESPACE = "scale"
 STORAGE_CLASS = "scale-sim"
 PODS_PER_NODE = 110
 BENCH_AGENT = "kvtier-bench"
+#: Writes as the emulator's request log (Kubernetes verbs) and kube-apiserver's metrics (HTTP methods) name them.
+WRITE_VERBS = {"create", "update", "patch", "apply", "delete", "post", "put"}
 SIMULATOR_AGENT = "kvtier-podsim"
 
 
@@ -495,8 +499,7 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
             writes = sum(
                 rate
                 for (verb, resource), rate in rates.items()
-                if verb in ("patch", "update", "apply")
-                and resource in ("kvpools/status", "inferencedeployments/status")
+                if verb in WRITE_VERBS and resource in ("kvpools/status", "inferencedeployments/status")
             )
             result.status_writes_per_minute = writes * 60
             if args.restart > 0:
@@ -526,16 +529,8 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
 
 # -- a restart in steady state --------------------------------------------------------------------
 
-CHILD_RESOURCES = {
-    "statefulsets",
-    "services",
-    "configmaps",
-    "poddisruptionbudgets",
-    "persistentvolumes",
-    "persistentvolumeclaims",
-    "podmonitors",
-}
-WRITE_VERBS = {"create", "update", "patch", "apply", "delete"}
+#: The operator's children and their claims, by resource as the request counts name them.
+CHILD_PLURALS = {resource.plural for resource in CHILD_RESOURCES.values()} | {PERSISTENT_VOLUME_CLAIMS.plural}
 #: Requests other clients make and kvtier never does (it creates Events and never patches one; it writes no
 #: Endpoints, EndpointSlices or Node): kube-controller-manager's endpoint controllers, which also repeat their
 #: Events (FailedToUpdateEndpoint(Slices), a PATCH each) at a rate that differs between windows, and the
@@ -710,7 +705,7 @@ async def restart(
             f"{verb} {resource}": count for (verb, resource), count in by.most_common() if count > 0
         },
         "child_writes": sum(
-            count for (verb, resource), count in by.items() if verb in WRITE_VERBS and resource in CHILD_RESOURCES
+            count for (verb, resource), count in by.items() if verb in WRITE_VERBS and resource in CHILD_PLURALS
         ),
         "status_writes": sum(
             count
