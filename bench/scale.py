@@ -532,9 +532,9 @@ async def run_size(args: argparse.Namespace, deployments: int, out: Path) -> Res
 #: The operator's children and their claims, by resource as the request counts name them.
 CHILD_PLURALS = {resource.plural for resource in CHILD_RESOURCES.values()} | {PERSISTENT_VOLUME_CLAIMS.plural}
 #: Requests other clients make and kvtier never does (it creates Events and never patches one; it writes no
-#: Endpoints, EndpointSlices or Node): kube-controller-manager's endpoint controllers, which also repeat their
-#: Events (FailedToUpdateEndpoint(Slices), a PATCH each) at a rate that differs between windows, and the
-#: simulated kubelets' node heartbeats. On the real ground they are left out of the operator's share, which
+#: Endpoints, EndpointSlices or Node, and sets a pod's readiness gate with PUT, never PATCH):
+#: kube-controller-manager's endpoint controllers, which also repeat their Events (FailedToUpdateEndpoint(Slices),
+#: a PATCH each) at a rate that differs between windows, and the simulated kubelets' node and pod status. On the real ground they are left out of the operator's share, which
 #: is otherwise what the others' baseline rate does not explain.
 NOT_THE_OPERATORS = {
     ("patch", "events"),
@@ -542,6 +542,7 @@ NOT_THE_OPERATORS = {
     ("put", "endpoints"),
     ("put", "endpointslices"),
     ("patch", "nodes/status"),
+    ("patch", "pods/status"),
 }
 
 
