@@ -24,7 +24,7 @@ async def _gate(objects: int) -> tuple[int, list[int]]:
         notified += 1
         notify_all()
 
-    ready._condition.notify_all = counting  # type: ignore[method-assign]
+    ready._condition.notify_all = counting  # type: ignore[method-assign]  # counts kopf's own notifications
     blocker = await ready.make_toggle(name="blocker")  # the empty set was on: this one turns it off
     notified = 0
     passed: list[int] = []

@@ -52,7 +52,6 @@ def install() -> None:
     probe = _ToggleSet(all)
     if not (hasattr(probe, "_condition") and hasattr(probe, "_toggles") and isinstance(probe._toggles, set)):
         raise RuntimeError("kopf's ToggleSet changed: review kvtier.controllers.kopfgate against it")
-    # Assigning to methods is what this module is for (mypy's method-assign).
-    _ToggleSet.make_toggle = _make_toggle  # type: ignore[method-assign]
-    _ToggleSet.drop_toggle = _drop_toggle  # type: ignore[method-assign]
-    _ToggleSet.drop_toggles = _drop_toggles  # type: ignore[method-assign]
+    _ToggleSet.make_toggle = _make_toggle  # type: ignore[method-assign]  # replacing it is this module's purpose
+    _ToggleSet.drop_toggle = _drop_toggle  # type: ignore[method-assign]  # as above
+    _ToggleSet.drop_toggles = _drop_toggles  # type: ignore[method-assign]  # as above
