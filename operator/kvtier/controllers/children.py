@@ -8,7 +8,8 @@ object that carries the deployment label (`kvtier.io/deployment`), by the deploy
   rendered manifest changed (its digest, kept on the object as the `kvtier.io/applied-digest`
   annotation, differs), or one whose fields kvtier owns were changed by someone else since the
   operator's last apply (drift: the object as it is, projected onto the fields rendered, differs
-  from the same projection of what that apply returned). A restarted operator trusts the annotation
+  from the same projection of what that apply returned; an object at the resourceVersion last
+  compared is not projected again). A restarted operator trusts the annotation
   and takes what it sees as the baseline, so coming back applies nothing that did not change;
 - prunes the indexed children the spec no longer renders, and strays that carry the label;
 - reads the StatefulSet and the replicas' claims from the same indexes.
@@ -137,7 +138,7 @@ class _Record:
     digest: str
     #: The digest of what the child held of the rendered fields, and at which resourceVersion it was seen:
     #: an object at the same resourceVersion is unchanged, so it is not projected again.
-    projection: str
+    projection_digest: str
     resource_version: str | None
 
 
@@ -175,7 +176,7 @@ class Applied:
         if record is None or record.digest != wanted:
             self._records[key] = seen  # a restart: what is there is what was applied
             return False
-        if record.projection != seen.projection:
+        if record.projection_digest != seen.projection_digest:
             return True
         self._records[key] = seen  # changed only in fields kvtier does not own (status, others' labels)
         return False
