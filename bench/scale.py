@@ -536,9 +536,10 @@ CHILD_PLURALS = {resource.plural for resource in CHILD_RESOURCES.values()} | {PE
 #: kube-controller-manager's endpoint controllers, which also repeat their Events (FailedToUpdateEndpoint(Slices),
 #: a PATCH each) at a rate that differs between windows, and the simulated kubelets' node and pod status. On the real ground they are left out of the operator's share, which
 #: is otherwise what the others' baseline rate does not explain.
+EVENT_POSTS = ("post", "events")
 NOT_THE_OPERATORS = {
     ("patch", "events"),
-    ("post", "events"),  # kvtier's own are counted from the Events it reported (`kvtier_events`)
+    EVENT_POSTS,  # kvtier's own are counted from the Events it reported (`kvtier_events`)
     ("put", "endpoints"),
     ("put", "endpointslices"),
     ("patch", "nodes/status"),
@@ -576,9 +577,6 @@ async def event_counts(kube: KubeClient) -> Counter[str]:
         kind = (event.get("involvedObject") or {}).get("kind", "?")
         counts[f"{source} {event.get('reason')} ({kind})"] += int(event.get("count") or 1)
     return counts
-
-
-EVENT_POSTS = ("post", "events")
 
 
 def kvtier_events(counts: Counter[str]) -> int:
