@@ -1,11 +1,12 @@
 """An exiting operator lets the passes in flight end before its clients close, and starts none after."""
 
 import asyncio
+import copy
 
 import kopf
 
 from kvtier.controllers import build_registry
-from kvtier.controllers.runtime import OperatorConfig, measured
+from kvtier.controllers.runtime import OperatorConfig, Passes, measured
 
 
 def _drain():
@@ -15,7 +16,9 @@ def _drain():
 
 
 async def test_the_drain_waits_for_the_pass_in_flight_and_no_pass_starts_after_it_began():
-    memo = kopf.Memo(passes=set(), stopping=False)
+    operator_memo = kopf.Memo(passes=Passes())
+    # kopf hands each object a shallow copy of the operator's memo, made when the object is first seen.
+    first, second = copy.copy(operator_memo), copy.copy(operator_memo)
     ran = []
 
     async def handler(**_):
@@ -24,10 +27,12 @@ async def test_the_drain_waits_for_the_pass_in_flight_and_no_pass_starts_after_i
         ran.append("end")
 
     reconcile = measured("InferenceDeployment", handler)
-    in_flight = asyncio.create_task(reconcile(memo=memo))
+    in_flight = asyncio.create_task(reconcile(memo=first))
     await asyncio.sleep(0.01)
-    drain = asyncio.create_task(_drain()(memo=memo))
+    drain = asyncio.create_task(_drain()(memo=operator_memo))
     await asyncio.sleep(0.01)
-    assert await reconcile(memo=memo) is None  # a timer kopf fires during the exit: nothing runs
+    assert await reconcile(memo=second) is None  # a timer kopf fires during the exit: nothing runs
     await drain
     assert ran == ["start", "end"] and in_flight.done()
+    assert await reconcile(memo=first) is None  # nor after the drain, while the clients close
+    assert ran == ["start", "end"]

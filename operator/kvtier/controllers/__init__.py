@@ -18,7 +18,7 @@ from kvtier.controllers import (
     runtime,
     telemetry,
 )
-from kvtier.controllers.runtime import OperatorConfig
+from kvtier.controllers.runtime import OperatorConfig, Passes
 from kvtier.rebalance.demand import DemandBook
 from kvtier.telemetry.metrics import OperatorMetrics
 
@@ -93,7 +93,7 @@ async def run_operator(
         stop_flag=stop_flag,
         ready_flag=ready_flag,
         liveness_endpoint=liveness_endpoint,
-        memo=kopf.Memo(metrics=OperatorMetrics(), demand=DemandBook(config.stale_seconds)),
+        memo=kopf.Memo(metrics=OperatorMetrics(), demand=DemandBook(config.stale_seconds), passes=Passes()),
         **scope,
     )
 

@@ -120,23 +120,55 @@ def api_errors() -> Iterator[None]:
         raise kopf.TemporaryError(f"API unreachable: {error}", delay=5) from error
 
 
+class Passes:
+    """The reconcile passes in flight, and whether the operator is exiting.
+
+    One instance serves every object: kopf hands each object a shallow copy of the operator's memo, so a
+    flag set on the operator's memo at exit would never reach the copies, while this object's state does."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self._running: set[asyncio.Future[None]] = set()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        done = asyncio.get_running_loop().create_future()
+        self._running.add(done)
+        try:
+            yield
+        finally:
+            done.set_result(None)
+            self._running.discard(done)
+
+    async def drain(self, timeout: float) -> None:
+        """Start no pass from now on, and wait up to `timeout` seconds for those still running."""
+        self.stopping = True
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._running:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            await asyncio.wait(list(self._running), timeout=left)
+
+
 def measured(kind: str, handler: H) -> H:
     """`handler`, counted and timed in `kvtier_reconcile_total{kind, result}` and
-    `kvtier_reconcile_duration_seconds{kind}` (result: success, retry or error)."""
+    `kvtier_reconcile_duration_seconds{kind}` (result: success, retry or error), and tracked in the
+    memo's `Passes` so that the exit waits for it."""
 
     @functools.wraps(handler)
     async def wrapper(**kwargs: Any) -> Any:
         memo = kwargs.get("memo")
-        if getattr(memo, "stopping", False):
+        passes: Passes | None = getattr(memo, "passes", None)
+        if passes is not None and passes.stopping:
             # The operator is exiting and its clients are closing: a pass kopf starts now would fail on a
             # closed session. The next operator's resume pass and resync do its work (reconcile is level-based).
             return None
         metrics = getattr(memo, "metrics", None)
-        running: set[asyncio.Future[None]] = getattr(memo, "passes", set())
-        start, result, done = time.perf_counter(), "success", asyncio.get_running_loop().create_future()
-        running.add(done)
+        start, result = time.perf_counter(), "success"
         try:
-            return await handler(**kwargs)
+            with passes.running() if passes is not None else contextlib.nullcontext():
+                return await handler(**kwargs)
         except kopf.TemporaryError:
             result = "retry"
             raise
@@ -144,8 +176,6 @@ def measured(kind: str, handler: H) -> H:
             result = "error"
             raise
         finally:
-            done.set_result(None)
-            running.discard(done)
             if metrics is not None:
                 metrics.reconciles.labels(kind=kind, result=result).inc()
                 metrics.reconcile_duration.labels(kind=kind).observe(time.perf_counter() - start)
@@ -171,8 +201,6 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         connection = Connection.from_kubeconfig(str(config.kubeconfig) if config.kubeconfig else None)
         memo.kube = await KubeClient(connection, user_agent="kvtier-operator").open()
         memo.config = config
-        memo.passes = set()
-        memo.stopping = False
 
     @kopf.on.cleanup(id="drain-passes", registry=registry)
     async def drain(memo: kopf.Memo, **_: Any) -> None:
@@ -180,14 +208,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
         At exit kopf leaves a timer's pass running ("orphaned"); without this wait, every one in flight
         would fail on a closed session and log a traceback on each shutdown of a busy operator. No pass
-        starts from here on (`measured`): one that started while the drain waited once failed that way."""
-        memo.stopping = True
-        deadline = asyncio.get_running_loop().time() + DRAIN_SECONDS
-        while running := [done for done in getattr(memo, "passes", ()) if not done.done()]:
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                break
-            await asyncio.wait(running, timeout=left)
+        starts from here on (`measured`): one that started while the drain waited once failed that way, and
+        one fired after the drain ended did too while the flag lived on the operator's memo, which kopf
+        copies per object."""
+        await memo.passes.drain(DRAIN_SECONDS)
 
     @kopf.on.login(id="login", registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
