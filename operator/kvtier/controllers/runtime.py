@@ -208,9 +208,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
         At exit kopf leaves a timer's pass running ("orphaned"); without this wait, every one in flight
         would fail on a closed session and log a traceback on each shutdown of a busy operator. No pass
-        starts from here on (`measured`): one that started while the drain waited once failed that way, and
-        one fired after the drain ended did too while the flag lived on the operator's memo, which kopf
-        copies per object."""
+        starts from here on, during the wait or after it (`measured` reads the one `Passes` that every
+        object's copy of the memo shares)."""
         await memo.passes.drain(DRAIN_SECONDS)
 
     @kopf.on.login(id="login", registry=registry)
