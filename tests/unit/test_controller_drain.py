@@ -6,13 +6,26 @@ import copy
 import kopf
 
 from kvtier.controllers import build_registry
-from kvtier.controllers.runtime import OperatorConfig, Passes, measured
+from kvtier.controllers.runtime import DRAIN_SECONDS, OperatorConfig, Passes, measured
+
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+current-context: c
+clusters: [{name: k, cluster: {server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: k, user: u}}]
+"""
+
+
+def _activity(activity_id, config=None):
+    registry = build_registry(config or OperatorConfig())
+    (handler,) = [h for h in registry._activities.get_all_handlers() if h.id == activity_id]
+    return handler.fn
 
 
 def _drain():
-    registry = build_registry(OperatorConfig())
-    (handler,) = [h for h in registry._activities.get_all_handlers() if h.id == "drain-passes"]
-    return handler.fn
+    return _activity("drain-passes")
 
 
 async def test_the_drain_waits_for_the_pass_in_flight_and_no_pass_starts_after_it_began():
@@ -36,3 +49,14 @@ async def test_the_drain_waits_for_the_pass_in_flight_and_no_pass_starts_after_i
     assert ran == ["start", "end"] and in_flight.done()
     assert await reconcile(memo=first) is None  # nor after the drain, while the clients close
     assert ran == ["start", "end"]
+
+
+async def test_the_change_handlers_in_flight_get_as_long_at_exit_as_a_timers_pass(tmp_path):
+    """kopf cancels its workers' handlers (a scale's update, a delete's release) 2 s into the exit unless told."""
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG)
+    settings, memo = kopf.OperatorSettings(), kopf.Memo(passes=Passes())
+    await _activity("configure", OperatorConfig(kubeconfig=tmp_path / "kubeconfig"))(settings=settings, memo=memo)
+    try:
+        assert settings.queueing.exit_timeout == DRAIN_SECONDS
+    finally:
+        await memo.kube.close()

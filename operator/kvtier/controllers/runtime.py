@@ -28,7 +28,8 @@ from kvtier.telemetry.report import AlertRules
 
 FIELD_MANAGER = "kvtier"
 FINALIZER = "kvtier.io/finalizer"
-#: Longest wait at exit for reconcile passes still running before the clients close.
+#: Longest wait at exit for the handlers still running (kopf's workers, then the timers' passes) before the
+#: clients close.
 DRAIN_SECONDS = 10.0
 
 M = TypeVar("M", bound=BaseModel)
@@ -198,6 +199,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         settings.watching.client_timeout = 330
         settings.networking.error_backoffs = [1, 2, 5, 10]
         settings.posting.level = logging.WARNING
+        # kopf gives the change handlers in flight (create, update, delete) 2 s at exit, then cancels them:
+        # give them as long as the drain gives a timer's pass.
+        settings.queueing.exit_timeout = DRAIN_SECONDS
         connection = Connection.from_kubeconfig(str(config.kubeconfig) if config.kubeconfig else None)
         memo.kube = await KubeClient(connection, user_agent="kvtier-operator").open()
         memo.config = config
