@@ -534,8 +534,9 @@ CHILD_PLURALS = {resource.plural for resource in CHILD_RESOURCES.values()} | {PE
 #: Requests other clients make and kvtier never does (it creates Events and never patches one; it writes no
 #: Endpoints, EndpointSlices or Node, and sets a pod's readiness gate with PUT, never PATCH):
 #: kube-controller-manager's endpoint controllers, which also repeat their Events (FailedToUpdateEndpoint(Slices),
-#: a PATCH each) at a rate that differs between windows, and the simulated kubelets' node and pod status. On the real ground they are left out of the operator's share, which
-#: is otherwise what the others' baseline rate does not explain.
+#: a PATCH each) at a rate that differs between windows, and the simulated kubelets' node and pod status. On the
+#: real ground they are left out of the operator's share, which is otherwise what the others' baseline rate does
+#: not explain.
 EVENT_POSTS = ("post", "events")
 NOT_THE_OPERATORS = {
     ("patch", "events"),

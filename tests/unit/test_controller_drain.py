@@ -7,6 +7,7 @@ import kopf
 
 from kvtier.controllers import build_registry
 from kvtier.controllers.runtime import DRAIN_SECONDS, OperatorConfig, Passes, measured
+from kvtier.telemetry.metrics import OperatorMetrics
 
 KUBECONFIG = """\
 apiVersion: v1
@@ -29,7 +30,7 @@ def _drain():
 
 
 async def test_the_drain_waits_for_the_pass_in_flight_and_no_pass_starts_after_it_began():
-    operator_memo = kopf.Memo(passes=Passes())
+    operator_memo = kopf.Memo(passes=Passes(), metrics=OperatorMetrics())
     # kopf hands each object a shallow copy of the operator's memo, made when the object is first seen.
     first, second = copy.copy(operator_memo), copy.copy(operator_memo)
     ran = []
@@ -47,6 +48,8 @@ async def test_the_drain_waits_for_the_pass_in_flight_and_no_pass_starts_after_i
     assert await reconcile(memo=second) is None  # a timer kopf fires during the exit: nothing runs
     await drain
     assert ran == ["start", "end"] and in_flight.done()
+    counted = {"kind": "InferenceDeployment", "result": "success"}
+    assert operator_memo.metrics.registry.get_sample_value("kvtier_reconcile_total", counted) == 1  # the one that ran
     assert await reconcile(memo=first) is None  # nor after the drain, while the clients close
     assert ran == ["start", "end"]
 

@@ -159,16 +159,15 @@ def measured(kind: str, handler: H) -> H:
 
     @functools.wraps(handler)
     async def wrapper(**kwargs: Any) -> Any:
-        memo = kwargs.get("memo")
-        passes: Passes | None = getattr(memo, "passes", None)
-        if passes is not None and passes.stopping:
+        memo = kwargs["memo"]
+        passes: Passes = memo.passes
+        if passes.stopping:
             # The operator is exiting and its clients are closing: a pass kopf starts now would fail on a
             # closed session. The next operator's resume pass and resync do its work (reconcile is level-based).
             return None
-        metrics = getattr(memo, "metrics", None)
         start, result = time.perf_counter(), "success"
         try:
-            with passes.running() if passes is not None else contextlib.nullcontext():
+            with passes.running():
                 return await handler(**kwargs)
         except kopf.TemporaryError:
             result = "retry"
@@ -177,9 +176,8 @@ def measured(kind: str, handler: H) -> H:
             result = "error"
             raise
         finally:
-            if metrics is not None:
-                metrics.reconciles.labels(kind=kind, result=result).inc()
-                metrics.reconcile_duration.labels(kind=kind).observe(time.perf_counter() - start)
+            memo.metrics.reconciles.labels(kind=kind, result=result).inc()
+            memo.metrics.reconcile_duration.labels(kind=kind).observe(time.perf_counter() - start)
 
     return wrapper  # type: ignore[return-value]  # same signature as the handler it wraps
 
