@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from kvtier.kube import EVENTS, INFERENCEDEPLOYMENTS, KVPOOLS, STORAGECLASSES, Resource
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, wait_for
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
 TI = 2**40
@@ -38,6 +38,22 @@ def condition(obj: dict[str, Any] | None, kind: str) -> dict[str, Any]:
 
 def events(cluster, namespace: str, name: str) -> list[dict[str, Any]]:
     return [e for e in items(cluster, EVENTS, namespace) if e["involvedObject"]["name"] == name]
+
+
+def posted(cluster, namespace: str, name: str, reason: str, kind: str | None = None) -> list[dict[str, Any]]:
+    """The Events `reason` about `name` (of `kind`, when given), once at least one is there.
+
+    The operator posts a pass's Events after it writes the status, so a test that has just seen the
+    status waits for them rather than reading them at once."""
+    return wait_for(
+        lambda: [
+            e
+            for e in events(cluster, namespace, name)
+            if e["reason"] == reason and kind in (None, e["involvedObject"]["kind"])
+        ],
+        timeout=30,
+        message=f"an Event {reason} about {name}",
+    )
 
 
 def kubectl(cluster, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:

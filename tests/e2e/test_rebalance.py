@@ -31,6 +31,7 @@ from tests.e2e.helpers import (
     get,
     items,
     kubectl,
+    posted,
 )
 
 INTERVAL = 2.0
@@ -113,10 +114,10 @@ def test_quotas_move_toward_the_busy_deployment_and_each_move_is_explained(clust
     # Explained: Events on the pool with the numbers, on each deployment that moved, and in the status.
     record = get(cluster, KVPOOLS, None, pool)["status"]["lastRebalance"]
     assert record["moves"] and record["predictedGain"] > 0 and parse_quantity(record["movedBytes"]) > 0
-    pool_events = [e for e in events(cluster, "default", pool) if e["reason"] == "Rebalanced"]
-    assert pool_events and all("tokens/s" in e["message"] and "->" in e["message"] for e in pool_events)
-    code_events = [e for e in events(cluster, namespace, "code") if e["reason"] == "StorageQuotaChanged"]
-    assert code_events and f"KVPool {pool} moved" in code_events[-1]["message"]
+    pool_events = posted(cluster, "default", pool, "Rebalanced")
+    assert all("tokens/s" in e["message"] and "->" in e["message"] for e in pool_events)
+    code_events = posted(cluster, namespace, "code", "StorageQuotaChanged")
+    assert f"KVPool {pool} moved" in code_events[-1]["message"]
     if cluster.server is not None:  # the rounds found the replicas in the pod watch's index, not by listing
         lists = [
             r.path

@@ -22,10 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtier.api.units import parse_quantity
 from kvtier.contract import quota_path
-from kvtier.kube import EVENTS, INFERENCEDEPLOYMENTS, KVPOOLS, PODS
+from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS, PODS
 from kvtier.sim.server import lmcache_app, start_site
 from tests.conftest import wait_for
-from tests.e2e.helpers import condition, example, get, items, kubectl
+from tests.e2e.helpers import condition, example, get, items, kubectl, posted
 
 NAME = "coder-480b"
 SELECTOR = f"app.kubernetes.io/instance={NAME}"
@@ -342,8 +342,7 @@ def test_a_garbage_or_killed_endpoint_makes_metrics_unavailable_with_a_reason(cl
         message="a failed scrape named in MetricsAvailable",
     )
     cluster.run(missing.cleanup())
-    events = [e for e in items(cluster, EVENTS, namespace) if e["involvedObject"]["name"] == NAME]
-    assert any(e["reason"] == "ScrapeFailed" and e["type"] == "Warning" for e in events)
+    assert all(e["type"] == "Warning" for e in posted(cluster, namespace, NAME, "ScrapeFailed"))
     restored = cluster.run(start_site(lmcache_app(server), ip, 8080))
     try:
         wait_for(

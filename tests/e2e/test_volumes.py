@@ -17,7 +17,7 @@ from kvtier.kube import (
     STORAGECLASSES,
 )
 from tests.conftest import wait_for
-from tests.e2e.helpers import condition, create_deployment, create_pool, deployment, events, get, items, kubectl
+from tests.e2e.helpers import condition, create_deployment, create_pool, deployment, get, items, kubectl, posted
 
 UUID = "7d6f3a52-1c1e-4c5b-9a43-0000000000{:02d}"
 OPERATOR_NAMESPACE = "kvtier-system"
@@ -152,10 +152,7 @@ def test_raising_max_says_plainly_when_the_class_forbids_expansion(cluster, name
     assert "StorageClass sim-fixed does not allow volume expansion" in message
     assert infd["status"]["kv"]["storage"]["quota"] == "1Ti", "the quota stays capped by the volume"
     assert get(cluster, KVPOOLS, None, pool)["status"]["allocations"][0]["quota"] == "2Ti"
-    assert any(
-        e["reason"] == "VolumeExpansionNotAllowed" and e["type"] == "Warning"
-        for e in events(cluster, namespace, "stuck")
-    )
+    assert all(e["type"] == "Warning" for e in posted(cluster, namespace, "stuck", "VolumeExpansionNotAllowed"))
     wait_for(
         lambda: (
             len(cluster.server.requests.filter(resource="inferencedeployments", subresource="status", verb="patch")) > 0
