@@ -40,17 +40,13 @@ def events(cluster, namespace: str, name: str) -> list[dict[str, Any]]:
     return [e for e in items(cluster, EVENTS, namespace) if e["involvedObject"]["name"] == name]
 
 
-def posted(cluster, namespace: str, name: str, reason: str, kind: str | None = None) -> list[dict[str, Any]]:
-    """The Events `reason` about `name` (of `kind`, when given), once at least one is there.
+def posted(cluster, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
+    """The Events `reason` about `name`, once at least one is there.
 
     The operator posts a pass's Events after it writes the status, so a test that has just seen the
     status waits for them rather than reading them at once."""
     return wait_for(
-        lambda: [
-            e
-            for e in events(cluster, namespace, name)
-            if e["reason"] == reason and kind in (None, e["involvedObject"]["kind"])
-        ],
+        lambda: [e for e in events(cluster, namespace, name) if e["reason"] == reason],
         timeout=30,
         message=f"an Event {reason} about {name}",
     )
