@@ -198,7 +198,9 @@ class VetoPolicy(TwoWindowPolicy):
         }
         active = {name: state for name, state in states.items() if not state.frozen}
         demands = loop_demands(
-            active, math.floor(settings.max_step * capacity), settings.interval_seconds * WARMUP_HORIZON_INTERVALS
+            active,
+            math.floor(settings.max_step * capacity),
+            settings.interval_seconds * settings.warmup_horizon_intervals,
         )
         before = predict(demands, {name: state.current for name, state in active.items()})
         if predict(demands, {name: target[name] // unit for name in active}) < before:
@@ -230,6 +232,15 @@ class QueueReliefPolicy(KvtierPolicy):
         return states
 
 
+class HorizonPolicy(KvtierPolicy):
+    """Values a move over ``horizon`` intervals ahead instead of the shipped
+    :data:`~kvtier.rebalance.loop.WARMUP_HORIZON_INTERVALS`: longer pays slow refills, shorter reacts faster."""
+
+    def __init__(self, scenario: Scenario, horizon: float) -> None:
+        super().__init__(scenario)
+        self.settings = replace(self.settings, warmup_horizon_intervals=horizon)
+
+
 #: Changes of the algorithm tried against the shipped one (all with the shipped settings).
 VARIANTS: dict[str, Callable[[Scenario], KvtierPolicy]] = {
     "shipped": KvtierPolicy,
@@ -243,6 +254,12 @@ VARIANTS: dict[str, Callable[[Scenario], KvtierPolicy]] = {
     "veto unless a 2-interval window gains too": lambda s: VetoPolicy(s, 2.0),
     "veto unless a 4-interval window gains too": lambda s: VetoPolicy(s, 4.0),
     "hits valued by the GPU queue they relieve": QueueReliefPolicy,
+    **{
+        f"a move valued over {horizon:g} intervals (shipped: {WARMUP_HORIZON_INTERVALS:g})": (
+            lambda s, horizon=horizon: HorizonPolicy(s, horizon)
+        )
+        for horizon in (1.0, 1.5, 3.0, 4.0, 8.0)
+    },
 }
 
 

@@ -1,6 +1,7 @@
 """One rebalancing round (kvtier.rebalance.loop): the safety rules around the allocator."""
 
 import math
+from dataclasses import replace
 from itertools import accumulate
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 from kvtier.api.kvpool import RebalanceSpec
 from kvtier.rebalance.estimator import Estimate
 from kvtier.rebalance.loop import (
+    WARMUP_HORIZON_INTERVALS,
     DeploymentState,
     LoopSettings,
     actuation_order,
@@ -157,6 +159,17 @@ def test_a_grown_quota_is_worth_only_what_it_fills_within_the_horizon():
     assert warmed[:5] == curve[:5]
     assert warmed[5] == pytest.approx((4 * 10 + 5 * 90) / 100)
     assert warmed[10] == warmed[11 - 1] and warmed[10] < 10
+
+
+def test_a_longer_horizon_pays_for_a_slower_refill():
+    """The busy deployment refills about 0.13 units a second: in the shipped two intervals (120 s) a
+    grown quota fills 15 units; over twenty it fills all it could get."""
+    pool = _pool(busy_options={"unit_tokens": 1000.0})
+    shipped = decide(pool, 100, FREE, now=0.0)
+    patient = decide(pool, 100, replace(FREE, warmup_horizon_intervals=20.0), now=0.0)
+    assert FREE.warmup_horizon_intervals == WARMUP_HORIZON_INTERVALS == 2.0
+    assert shipped.target["busy"] < patient.target["busy"]
+    assert shipped.predicted_gain < patient.predicted_gain
 
 
 @st.composite

@@ -54,6 +54,8 @@ class LoopSettings:
     cooldown_seconds: float = _SPEC_DEFAULTS.cooldown
     dry_run: bool = _SPEC_DEFAULTS.dry_run
     interval_seconds: float = _SPEC_DEFAULTS.interval
+    warmup_horizon_intervals: float = WARMUP_HORIZON_INTERVALS
+    """How far ahead a move is valued, in intervals; not a spec field (the sweep's variants vary it)."""
 
     @classmethod
     def from_spec(cls, spec: RebalanceSpec) -> LoopSettings:
@@ -255,7 +257,7 @@ def decide(
         )
     step = math.floor(settings.max_step * capacity)
     now_active = {name: state.current for name, state in active.items()}
-    demands = _demands(active, step, settings.interval_seconds * WARMUP_HORIZON_INTERVALS)
+    demands = _demands(active, step, settings.interval_seconds * settings.warmup_horizon_intervals)
     if settings.policy == "Proportional":
         shares = {
             name: state.weight * state.estimate.access_tokens_per_second  # type: ignore[union-attr]  # active ones have one
