@@ -241,6 +241,38 @@ class HorizonPolicy(KvtierPolicy):
         self.settings = replace(self.settings, warmup_horizon_intervals=horizon)
 
 
+class DampedReversalPolicy(KvtierPolicy):
+    """Hysteresis without a freeze: a move that reverses the last one (a deployment that grew now
+    shrinks, or the other way) within ``rounds`` rounds of it is cut to ``factor`` of its size
+    (grows rounded down, shrinks up, so the quotas never exceed the pool)."""
+
+    def __init__(self, scenario: Scenario, rounds: int, factor: float) -> None:
+        super().__init__(scenario)
+        self.rounds, self.factor = rounds, factor
+        self.last_deltas: tuple[float, dict[str, int]] | None = None
+
+    def decide(self, now: float, current: Mapping[str, int]) -> Mapping[str, int] | None:
+        last_move = self.last_move
+        target = super().decide(now, current)
+        if target is None:
+            return None
+        unit = self.unit_blocks
+        deltas = {name: (target[name] - current[name]) // unit for name in target}
+        if self.last_deltas is not None and now - self.last_deltas[0] <= self.rounds * self.settings.interval_seconds:
+            last = self.last_deltas[1]
+            if any(delta * last.get(name, 0) < 0 for name, delta in deltas.items()):
+                deltas = {
+                    name: math.floor(delta * self.factor) if delta > 0 else -math.ceil(-delta * self.factor)
+                    for name, delta in deltas.items()
+                }
+                target = {name: current[name] + delta * unit for name, delta in deltas.items()}
+        if not any(deltas.values()):
+            self.last_move = last_move  # cut to nothing: the pool did not move
+            return None
+        self.last_deltas = (now, deltas)
+        return target
+
+
 #: Changes of the algorithm tried against the shipped one (all with the shipped settings).
 VARIANTS: dict[str, Callable[[Scenario], KvtierPolicy]] = {
     "shipped": KvtierPolicy,
@@ -254,6 +286,8 @@ VARIANTS: dict[str, Callable[[Scenario], KvtierPolicy]] = {
     "veto unless a 2-interval window gains too": lambda s: VetoPolicy(s, 2.0),
     "veto unless a 4-interval window gains too": lambda s: VetoPolicy(s, 4.0),
     "hits valued by the GPU queue they relieve": QueueReliefPolicy,
+    "a reversal within 1 round not made": lambda s: DampedReversalPolicy(s, 1, 0.0),
+    "a reversal within 2 rounds halved": lambda s: DampedReversalPolicy(s, 2, 0.5),
     **{
         f"a move valued over {horizon:g} intervals (shipped: {WARMUP_HORIZON_INTERVALS:g})": (
             lambda s, horizon=horizon: HorizonPolicy(s, horizon)
