@@ -8,25 +8,13 @@ import kopf
 from kvtier.controllers import build_registry
 from kvtier.controllers.runtime import DRAIN_SECONDS, OperatorConfig, Passes, measured
 from kvtier.telemetry.metrics import OperatorMetrics
-
-KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-current-context: c
-clusters: [{name: k, cluster: {server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: c, context: {cluster: k, user: u}}]
-"""
+from tests.unit.test_controller_login import KUBECONFIG
 
 
 def _activity(activity_id, config=None):
     registry = build_registry(config or OperatorConfig())
     (handler,) = [h for h in registry._activities.get_all_handlers() if h.id == activity_id]
     return handler.fn
-
-
-def _drain():
-    return _activity("drain-passes")
 
 
 async def test_the_drain_waits_for_the_pass_in_flight_and_no_pass_starts_after_it_began():
@@ -43,7 +31,7 @@ async def test_the_drain_waits_for_the_pass_in_flight_and_no_pass_starts_after_i
     reconcile = measured("InferenceDeployment", handler)
     in_flight = asyncio.create_task(reconcile(memo=first))
     await asyncio.sleep(0.01)
-    drain = asyncio.create_task(_drain()(memo=operator_memo))
+    drain = asyncio.create_task(_activity("drain-passes")(memo=operator_memo))
     await asyncio.sleep(0.01)
     assert await reconcile(memo=second) is None  # a timer kopf fires during the exit: nothing runs
     await drain
