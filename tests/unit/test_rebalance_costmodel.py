@@ -36,14 +36,30 @@ def test_prefill_time_adds_up_and_a_deep_block_costs_more_than_a_shallow_one():
     assert flat.prefill_seconds(0, 512) == pytest.approx(flat.prefill_seconds(99_488, 100_000)) == 0.0256
 
 
-def test_loads_overlap_compute_layer_by_layer():
-    model = CostModel.linear(1_000, 1_000, 1e6, layers=10)
+def test_a_request_computes_its_misses_once_its_hits_are_loaded():
+    model = CostModel.linear(1_000, 1_000, 1e6)
     queue = PrefillQueue(model, cpu_read_bytes_per_second=1e9)
-    # 1,000 hit tokens load in 1 s while 500 missed tokens compute in 0.5 s: the compute waits
-    # for the load and ends one layer (0.05 s) after it.
-    assert queue.serve(0.0, 1_500, (0, 0, 1_000)) == pytest.approx(1.05)
+    # 1,000 hit tokens load in 1 s (LMCache's MP connector loads asynchronously, before the
+    # request is scheduled), then its 500 missed tokens compute in 0.5 s.
+    assert queue.serve(0.0, 1_500, (0, 0, 1_000)) == pytest.approx(1.5)
     assert queue.storage_read_seconds == pytest.approx(1.0)
     assert queue.gpu_seconds_saved == pytest.approx(1.0) and queue.gpu_seconds == pytest.approx(0.5)
+    # A whole prompt found in storage needs no GPU: its first token comes with its load.
+    assert queue.serve(10.0, 1_000, (0, 0, 1_000)) == pytest.approx(11.0)
+
+
+def test_a_request_waiting_for_its_load_holds_no_gpu():
+    model = CostModel.linear(1_000, 1_000, 1e6)
+    queue = PrefillQueue(model, cpu_read_bytes_per_second=1e9)
+    assert queue.serve(0.0, 2_500, (0, 0, 2_000)) == pytest.approx(2.5)  # loads 0-2 s, computes 2-2.5 s
+    # Arriving while the GPUs wait for that load, a miss of 1 s computes at once, in the idle stretch
+    # (vLLM parks the loading request in WAITING_FOR_REMOTE_KVS and schedules the others).
+    assert queue.serve(0.5, 1_000, (0, 0, 0)) == pytest.approx(1.5)
+    # One that does not fit before the reserved compute goes after it, never delaying it.
+    assert queue.serve(0.6, 600, (0, 0, 0)) == pytest.approx(3.1)
+    # A shorter one fits what is left of the idle stretch (1.5-2 s).
+    assert queue.serve(1.5, 400, (0, 0, 0)) == pytest.approx(1.9)
+    assert queue.gpu_free_at == pytest.approx(3.1)
 
 
 def _closed_loop(model: CostModel, prompt_tokens: int, hit_tokens: int, clients: int = 16, rounds: int = 20) -> float:

@@ -11,8 +11,9 @@ Prefill of prompt tokens ``[a, b)`` with ``[0, a)`` already in the KV cache cost
 
 A replica's GPUs run them at ``count x flops_per_gpu x efficiency`` FLOP/s (efficiency: the share of
 the peak prefill reaches). A hit of ``[0, h)`` loads ``h x kv_bytes_per_token`` bytes at the
-replica's storage read bandwidth instead; LMCache loads layer by layer while the missed tokens
-compute (the replay's :class:`~kvtier.sim.replay.PrefillQueue` models that overlap and the queues).
+replica's storage read bandwidth instead, before the missed tokens compute; the GPUs serve other
+requests meanwhile (the replay's :class:`~kvtier.sim.replay.PrefillQueue` models the load, the
+queues and that freedom).
 
 The presets are public figures (docs/cost-model.md derives them): no parameter is fitted to the
 seed's measurements.
@@ -87,15 +88,11 @@ class CostModel:
     attention_flops_per_second: float
     """... and to attention."""
     kv_bytes_per_token: int
-    layers: int
     storage_read_bytes_per_second: float
 
     def __post_init__(self) -> None:
-        if (
-            min(self.flops_per_second, self.attention_flops_per_second, self.storage_read_bytes_per_second) <= 0
-            or self.layers < 1
-        ):
-            raise ValueError("FLOP/s and storage bandwidth must be > 0, layers >= 1")
+        if min(self.flops_per_second, self.attention_flops_per_second, self.storage_read_bytes_per_second) <= 0:
+            raise ValueError("FLOP/s and storage bandwidth must be > 0")
 
     @classmethod
     def of(cls, shape: ModelShape, gpus: ReplicaGPUs, storage_read_bytes_per_second: float) -> CostModel:
@@ -105,7 +102,6 @@ class CostModel:
             gpus.flops,
             gpus.attention_flops,
             shape.kv_bytes_per_token,
-            shape.layers,
             storage_read_bytes_per_second,
         )
 
@@ -115,7 +111,6 @@ class CostModel:
         prefill_tokens_per_second: float,
         kv_bytes_per_token: int,
         storage_read_bytes_per_second: float,
-        layers: int = 80,
     ) -> CostModel:
         """No attention term: every token at ``prefill_tokens_per_second`` (the scenario format's model)."""
         return cls(
@@ -124,7 +119,6 @@ class CostModel:
             prefill_tokens_per_second,
             prefill_tokens_per_second,
             kv_bytes_per_token,
-            layers,
             storage_read_bytes_per_second,
         )
 

@@ -14,8 +14,8 @@ their arrivals and prompt lengths, and its cost model. For every candidate capac
    blocks of effective distance <= its tenant's quota (an LRU partition of fixed size hits exactly
    those), so block and token hit ratios are what a replay of the split measures; GPU prefill
    seconds saved and TTFT p50/p99 come from replaying the hits through the replay's
-   :class:`~kvtier.sim.replay.PrefillQueue` (the cost model's prefill time, storage loads
-   overlapping compute layer by layer, one queue per replica);
+   :class:`~kvtier.sim.replay.PrefillQueue` (the cost model's prefill time, a hit's load before
+   its compute with the GPUs serving others meanwhile, one queue per replica);
    the read bandwidth the hits need (mean over the run and the busiest minute) is compared with
    the pool's; :func:`priced` prices it from a :class:`~kvtier.rebalance.prices.PriceTable`.
 

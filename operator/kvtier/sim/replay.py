@@ -120,18 +120,22 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 class PrefillQueue:
-    """One replica's prefill in virtual time: its GPUs and its storage path, each first come first served.
+    """One replica's prefill in virtual time: its GPUs and its storage path.
 
-    A request reads its storage hits (and CPU hits, off the storage path) and prefills its missed
-    tokens. Loads run layer by layer ahead of the compute: the GPUs may start once the first
-    layer is in, and finish no earlier than one layer after the last load. The GPUs are held only
-    while they compute. TTFT = first token - arrival.
+    What LMCache's MP connector does in vLLM (``LMCacheMPConnector.get_num_new_matched_tokens``
+    asks for an asynchronous load, and vLLM's scheduler parks the request in
+    ``WAITING_FOR_REMOTE_KVS``): a request first reads its hits (storage hits first come, first
+    served on the replica's storage path; CPU hits off it), and only then prefills its missed
+    tokens. A request waiting for its load holds no GPU: the GPUs serve the others meanwhile. Each
+    request takes the earliest idle stretch of the GPUs, at or after its load, that its compute
+    fits in, so it never delays one queued before it. TTFT = first token - arrival.
     """
 
     __slots__ = (
         "model",
         "cpu_read_bytes_per_second",
         "gpu_free_at",
+        "idle",
         "storage_free_at",
         "ttfts",
         "gpu_seconds",
@@ -142,7 +146,11 @@ class PrefillQueue:
     def __init__(self, model: CostModel, cpu_read_bytes_per_second: float) -> None:
         self.model = model
         self.cpu_read_bytes_per_second = cpu_read_bytes_per_second
+        #: When the last compute queued ends.
         self.gpu_free_at = -math.inf
+        #: The GPUs' idle stretches before ``gpu_free_at``, ``(start, end)`` in time order: left
+        #: by requests that queued behind a load, free for those whose KV is in sooner.
+        self.idle: list[tuple[float, float]] = []
         self.storage_free_at = -math.inf
         self.ttfts: list[float] = []
         self.gpu_seconds = 0.0
@@ -162,15 +170,28 @@ class PrefillQueue:
             load_start = max(arrival, self.storage_free_at)
             self.storage_free_at = load_start + read
             self.storage_read_seconds += read
-        load = read + model.load_seconds(hit_tokens[1], self.cpu_read_bytes_per_second)
-        layers = model.layers
-        start = max(
-            arrival, self.gpu_free_at, load_start + load / layers, load_start + load + compute / layers - compute
-        )
-        first_token = start + compute
-        self.gpu_free_at = first_token
+        loaded = load_start + read + model.load_seconds(hit_tokens[1], self.cpu_read_bytes_per_second)
+        first_token = self._compute(arrival, loaded, compute) + compute if compute > 0 else loaded
         self.ttfts.append(first_token - arrival)
         return first_token
+
+    def _compute(self, arrival: float, ready: float, seconds: float) -> float:
+        """When a compute of ``seconds`` ready at ``ready`` starts: the earliest idle stretch it fits."""
+        idle = self.idle
+        while idle and idle[0][1] <= arrival:  # no request arriving from now on can use these
+            idle.pop(0)
+        for index, (start, end) in enumerate(idle):
+            begin = max(start, ready)
+            if begin + seconds <= end:
+                idle[index : index + 1] = [
+                    stretch for stretch in ((start, begin), (begin + seconds, end)) if stretch[1] > stretch[0]
+                ]
+                return begin
+        begin = max(self.gpu_free_at, ready)
+        if begin > self.gpu_free_at:
+            idle.append((self.gpu_free_at, begin))
+        self.gpu_free_at = begin + seconds
+        return begin
 
     def listener(self) -> Callable[[RequestOutcome], None]:
         def serve(outcome: RequestOutcome) -> None:
