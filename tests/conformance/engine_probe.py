@@ -15,6 +15,12 @@ engine's own code is an answer (``{"error": ...}``), not a crash. Commands:
   ignored, the values, and whether each storage plugin's class imports.
 - ``lmcache-server``: ``{"argv": [[...], ...]}`` -> per argv (the words after ``lmcache server``),
   LMCache's ``lmcache`` CLI parser and the config builders ``lmcache server`` calls.
+- ``mp-connector-load``: ``{"cases": [{"prompt_tokens": P, "computed_tokens": C, "lmcache_hit_tokens":
+  H}, ...], "block_size": B, "blocks_per_chunk": N}`` -> per case, what the ``LMCacheMPConnector``
+  class vLLM's connector registry loads answers the scheduler (``get_num_new_matched_tokens``) for a
+  prompt of P tokens, C of them in vLLM's own prefix cache, when the LMCache server's lookup found
+  H: ``{"tokens_to_load": ..., "load_async": ...}``. Its scheduler-side state is a stand-in (no
+  server runs); the answer is the package's code.
 """
 
 from __future__ import annotations
@@ -209,11 +215,62 @@ def lmcache_server(request: dict[str, Any]) -> list[dict[str, Any]]:
     return answers
 
 
+def mp_connector_load(request: dict[str, Any]) -> list[dict[str, Any]]:
+    return [_mp_connector_load(case, request["block_size"], request["blocks_per_chunk"]) for case in request["cases"]]
+
+
+def _mp_connector_load(case: dict[str, Any], block_size: int, blocks_per_chunk: int) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.v1.request import RequestStatus
+
+    # vLLM's registry entry prefers the class the lmcache package ships (LMCache 0.5.6's).
+    connector = KVConnectorFactory._registry["LMCacheMPConnector"]()
+    states = importlib.import_module(connector.__module__).LMCacheMPRequestState
+    tokens = list(range(case["prompt_tokens"]))
+    tracker = SimpleNamespace(
+        state=states.PREFETCHING,  # a request the scheduler asks about for the first time
+        num_lmcache_hit_tokens=0,
+        num_stored_tokens=0,
+        num_vllm_hit_tokens=0,
+        lookup_started_at=None,
+        allocated_block_ids=[],
+        cache_salt=None,
+        request_configs=None,
+        get_token_ids=lambda: tokens,
+    )
+    stand_in = SimpleNamespace(
+        _get_or_create_request_tracker=lambda req: tracker,
+        _reserve_last_token_for_lookup=False,
+        _hit_alignment_tokens=block_size,
+        _connector_stats=SimpleNamespace(record_lookup=lambda seconds: None),
+        scheduler_adapter=SimpleNamespace(
+            maybe_submit_lookup_request=lambda *args, **kwargs: None,
+            check_lookup_result=lambda request_id: case["lmcache_hit_tokens"],
+            lmcache_tokens_per_chunk=block_size * blocks_per_chunk,
+        ),
+    )
+    prompt = SimpleNamespace(
+        request_id="r",
+        status=RequestStatus.WAITING,
+        all_token_ids=tokens,
+        num_computed_tokens=case["computed_tokens"],
+    )
+    to_load, load_async = connector.get_num_new_matched_tokens(stand_in, prompt, case["computed_tokens"])
+    return {
+        "connector": f"{connector.__module__}.{connector.__qualname__}",
+        "tokens_to_load": to_load,
+        "load_async": load_async,
+    }
+
+
 COMMANDS = {
     "vllm-serve": vllm_serve,
     "vllm-options": vllm_options,
     "lmcache-config": lmcache_config,
     "lmcache-server": lmcache_server,
+    "mp-connector-load": mp_connector_load,
 }
 
 

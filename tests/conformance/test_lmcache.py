@@ -101,3 +101,20 @@ def test_an_unknown_config_key_is_caught(engines, cases):
     case = next(case for case in cases if case.lmcache_yaml is not None)
     answer = engines.ask("lmcache-config", {"yaml": case.lmcache_yaml + "kvtier_no_such_key: 1\n"})
     assert answer["ignored"] == ["kvtier_no_such_key"], answer
+
+
+def test_the_mp_connector_loads_a_hit_asynchronously_as_the_replay_models_it(engines):
+    """The replay's prefill queue (docs/cost-model.md) holds no GPU while a hit loads and computes the
+    misses after the load: what LMCache's MP connector asks of vLLM's scheduler (an asynchronous
+    load, the request parked in WAITING_FOR_REMOTE_KVS meanwhile), not a layer-by-layer overlap."""
+    cases = [
+        {"prompt_tokens": 1024, "computed_tokens": 256, "lmcache_hit_tokens": 768},  # a prefix hit
+        {"prompt_tokens": 1024, "computed_tokens": 0, "lmcache_hit_tokens": 1024},  # the whole prompt
+        {"prompt_tokens": 1024, "computed_tokens": 0, "lmcache_hit_tokens": 0},  # a miss
+    ]
+    answers = engines.ask("mp-connector-load", {"cases": cases, "block_size": 16, "blocks_per_chunk": 16})
+    assert answers[0]["connector"] == "lmcache.integration.vllm.lmcache_mp_connector.LMCacheMPConnector"
+    prefix, whole, miss = ((answer["tokens_to_load"], answer["load_async"]) for answer in answers)
+    assert prefix == (512, True)  # what vLLM's own prefix cache lacks, loaded asynchronously
+    assert whole == (1023, True)  # vLLM recomputes the last token of a prompt found whole
+    assert miss == (0, False)
