@@ -11,7 +11,7 @@ from kvtier.rebalance.costmodel import (
     CostModel,
     preset,
 )
-from kvtier.sim.replay import PrefillQueue, percentile
+from kvtier.sim.replay import PrefillQueue, percentile, taken_hits
 
 
 def test_preset_shapes_give_the_published_kv_sizes():
@@ -44,8 +44,12 @@ def test_a_request_computes_its_misses_once_its_hits_are_loaded():
     assert queue.serve(0.0, 1_500, (0, 0, 1_000)) == pytest.approx(1.5)
     assert queue.storage_read_seconds == pytest.approx(1.0)
     assert queue.gpu_seconds_saved == pytest.approx(1.0) and queue.gpu_seconds == pytest.approx(0.5)
-    # A whole prompt found in storage needs no GPU: its first token comes with its load.
-    assert queue.serve(10.0, 1_000, (0, 0, 1_000)) == pytest.approx(11.0)
+    # A whole prompt found in storage still computes its last token (vLLM's rule; LMCache loads the rest).
+    assert queue.serve(10.0, 1_000, (0, 0, 1_000)) == pytest.approx(10.0 + 0.999 + 0.001)
+    assert queue.storage_read_seconds == pytest.approx(1.0 + 0.999)
+    assert taken_hits(1_000, (600, 300, 100)) == (600, 300, 99)
+    assert taken_hits(1_000, (600, 400, 0)) == (600, 399, 0)
+    assert taken_hits(1_000, (500, 0, 0)) == (500, 0, 0)
 
 
 def test_a_request_waiting_for_its_load_holds_no_gpu():

@@ -119,6 +119,19 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (rank - low)
 
 
+def taken_hits(prompt_tokens: int, hit_tokens: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The hit tokens per tier (HBM, CPU, storage) vLLM takes: all but a whole prompt's last token,
+    which it recomputes (LMCache's connector loads one token less; vLLM's prefix cache stops short of
+    it too), so every request computes at least one token. The deepest tier gives it up."""
+    over = max(0, sum(hit_tokens) - max(0, prompt_tokens - 1))
+    taken = list(hit_tokens)
+    for tier in (2, 1, 0):
+        cut = min(taken[tier], over)
+        taken[tier] -= cut
+        over -= cut
+    return taken[0], taken[1], taken[2]
+
+
 class PrefillQueue:
     """One replica's prefill in virtual time: its GPUs and its storage path.
 
@@ -160,18 +173,19 @@ class PrefillQueue:
     def serve(self, arrival: float, prompt_tokens: int, hit_tokens: tuple[int, int, int]) -> float:
         """Queue one request (hit tokens per tier: HBM, CPU, storage); returns its first-token time."""
         model = self.model
-        hits = min(prompt_tokens, sum(hit_tokens))
+        hbm, cpu, storage = taken_hits(prompt_tokens, hit_tokens)
+        hits = hbm + cpu + storage
         compute = model.prefill_seconds(hits, prompt_tokens)
         self.gpu_seconds += compute
         self.gpu_seconds_saved += model.prefill_seconds(0, hits)
-        read = model.load_seconds(hit_tokens[2])
+        read = model.load_seconds(storage)
         load_start = arrival
         if read > 0:
             load_start = max(arrival, self.storage_free_at)
             self.storage_free_at = load_start + read
             self.storage_read_seconds += read
-        loaded = load_start + read + model.load_seconds(hit_tokens[1], self.cpu_read_bytes_per_second)
-        first_token = self._compute(arrival, loaded, compute) + compute if compute > 0 else loaded
+        loaded = load_start + read + model.load_seconds(cpu, self.cpu_read_bytes_per_second)
+        first_token = self._compute(arrival, loaded, compute) + compute
         self.ttfts.append(first_token - arrival)
         return first_token
 
