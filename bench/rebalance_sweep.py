@@ -289,11 +289,16 @@ class ExactCurvesPolicy(KvtierPolicy):
         self.hindsight = Hindsight(replay.tenants, self.settings.interval_seconds)
         super().attach(replay, scenario)
 
-    def _epoch_curve(self, tenant: str, index: int, units: int, unit_chunks: float) -> list[float]:
+    def _epoch_curve(self, tenant: str, index: int, units: int, unit_chunks: float, front_chunks: float) -> list[float]:
+        """The storage tier's hits in one interval: those of distance in ``(F, max(F, c)]``, as the
+        estimator's :func:`~kvtier.rebalance.estimator.storage_curve` reads them behind the faster tiers."""
         curve = self.curves.get((tenant, index))
         if curve is None:
             histogram = self.hindsight.epoch(tenant, index)
-            curve = self.curves[tenant, index] = [histogram.hits(u * unit_chunks) for u in range(units + 1)]
+            front = histogram.hits(front_chunks)
+            curve = self.curves[tenant, index] = [
+                histogram.hits(max(front_chunks, u * unit_chunks)) - front for u in range(units + 1)
+            ]
         return curve
 
     def estimate(self, tenant: str, now: float, units: int, *, unit_chunks: float, front_chunks: float) -> Estimate:
@@ -305,7 +310,8 @@ class ExactCurvesPolicy(KvtierPolicy):
         per_second = self.scenario.block_tokens / (len(epochs) * interval)
         hits = [0.0] * (units + 1)
         for index in epochs:
-            hits = [total + value for total, value in zip(hits, self._epoch_curve(tenant, index, units, unit_chunks))]
+            curve = self._epoch_curve(tenant, index, units, unit_chunks, front_chunks)
+            hits = [total + value for total, value in zip(hits, curve)]
         accessed = sum(self.hindsight.epoch(tenant, index).total for index in epochs)
         return Estimate(tuple(value * per_second for value in hits), 1.0, False, "probe", accessed * per_second)
 
