@@ -10,11 +10,12 @@ with perfect knowledge of the past gets. Then ``kvtier`` runs with every setting
 in intervals). The table gives, per setting and scenario, kvtier's block hit ratio as a share of
 max(shared, oracle-dynamic), then the worst and the mean over the scenarios; the best setting is
 the one with the highest worst case (ties: the mean). ``--grid around`` varies one knob at a time
-from the shipped defaults; ``--grid full`` tries every combination of the values below.
+from the shipped defaults; ``--grid full`` tries every combination of the values below (576
+settings: about 1.5 hours on one core, so ``--jobs`` replays settings in that many processes).
 ``--variants`` instead runs changes of the algorithm (:data:`VARIANTS`) with the shipped settings,
 then the loop on exact curves instead of estimates (:data:`REFERENCES`), which the best pick leaves out.
 
-    .venv/bin/python bench/rebalance_sweep.py [--grid around|full | --variants] [--scenario FILE ...]
+    .venv/bin/python bench/rebalance_sweep.py [--grid around|full [--jobs N] | --variants] [--scenario FILE ...]
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import multiprocessing
 import pathlib
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 from kvtier.api.kvpool import RebalanceSpec
@@ -41,11 +44,11 @@ from kvtier.sim.policies import (
     STALE_SCRAPES,
     KvtierPolicy,
     OracleDynamicPolicy,
-    PreviousEpochOracle,
     build_policies,
     run_policy,
 )
-from kvtier.sim.replay import Replay
+from kvtier.sim.references import CAUSAL_REFERENCES, ExactCurvesPolicy, PreviousEpochOracle
+from kvtier.sim.replay import Replay, TenantWorkload
 from kvtier.sim.scenario import Scenario, load_scenario
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -233,6 +236,42 @@ class QueueReliefPolicy(KvtierPolicy):
         return states
 
 
+class WaitingPolicy(KvtierPolicy):
+    """Blends the GPU seconds a split saves with the waiting it saves: per tenant, M/M/1 waits on its
+    replicas' GPUs and storage paths, ``R (u / (1 - u) + r / (1 - r))`` with u the GPUs' share busy
+    computing misses and r the storage paths' share busy loading hits (each capped at 0.98), both
+    read off the curve at every quota with the tenant's cost model. ``weight`` is the waits' share
+    of the value (1: first tokens only, 0: shipped)."""
+
+    def __init__(self, scenario: Scenario, weight: float) -> None:
+        super().__init__(scenario)
+        self.weight = weight
+
+    def attach(self, replay: Replay, scenario: Scenario) -> None:
+        self.replicas = {name: len(engines) for name, engines in replay.replicas.items()}
+        super().attach(replay, scenario)
+
+    def states(self, now: float, current: Mapping[str, int]) -> dict[str, DeploymentState]:
+        states = super().states(now, current)
+        for (name, state), cost in zip(list(states.items()), self.costs):
+            estimate = state.estimate
+            if estimate is None or estimate.stale or state.hit_value <= 0:
+                continue
+            replicas, gpu, load = self.replicas[name], state.hit_value, cost.load_seconds(1)
+            asked = estimate.access_tokens_per_second
+
+            def waits(hits: float) -> float:
+                busy = [min(0.98, max(0.0, asked - hits) * gpu / replicas), min(0.98, hits * load / replicas)]
+                return replicas * sum(share / (1 - share) for share in busy)
+
+            idle = waits(estimate.curve[0])
+            curve = tuple(
+                self.weight * max(0.0, idle - waits(hits)) / gpu + (1 - self.weight) * hits for hits in estimate.curve
+            )
+            states[name] = replace(state, estimate=replace(estimate, curve=curve))
+        return states
+
+
 class HorizonPolicy(KvtierPolicy):
     """Values a move over ``horizon`` intervals ahead instead of the shipped
     :data:`~kvtier.rebalance.loop.WARMUP_HORIZON_INTERVALS`: longer pays slow refills, shorter reacts faster."""
@@ -274,48 +313,6 @@ class DampedReversalPolicy(KvtierPolicy):
         return target
 
 
-class ExactCurvesPolicy(KvtierPolicy):
-    """kvtier's loop fed exact curves instead of the estimator's: each tenant's hits at every quota over
-    the intervals ``[now + first, now + last)`` (in intervals), from the hindsight stack distances of
-    its whole stream. ``(-k, 0)``: the last k intervals, known perfectly (the best any causal estimator
-    of the recent past can do); ``(0, 1)``: the next interval (foresight, no pod can have it)."""
-
-    def __init__(self, scenario: Scenario, first: int, last: int) -> None:
-        super().__init__(scenario)
-        self.first, self.last = first, last
-        self.curves: dict[tuple[str, int], list[float]] = {}
-
-    def attach(self, replay: Replay, scenario: Scenario) -> None:
-        self.hindsight = Hindsight(replay.tenants, self.settings.interval_seconds)
-        super().attach(replay, scenario)
-
-    def _epoch_curve(self, tenant: str, index: int, units: int, unit_chunks: float, front_chunks: float) -> list[float]:
-        """The storage tier's hits in one interval: those of distance in ``(F, max(F, c)]``, as the
-        estimator's :func:`~kvtier.rebalance.estimator.storage_curve` reads them behind the faster tiers."""
-        curve = self.curves.get((tenant, index))
-        if curve is None:
-            histogram = self.hindsight.epoch(tenant, index)
-            front = histogram.hits(front_chunks)
-            curve = self.curves[tenant, index] = [
-                histogram.hits(max(front_chunks, u * unit_chunks)) - front for u in range(units + 1)
-            ]
-        return curve
-
-    def estimate(self, tenant: str, now: float, units: int, *, unit_chunks: float, front_chunks: float) -> Estimate:
-        interval = self.settings.interval_seconds
-        at = round(now / interval)
-        epochs = range(max(0, at + self.first), min(self.hindsight.count, at + self.last))
-        if not epochs:  # nothing known yet: the shipped estimator
-            return super().estimate(tenant, now, units, unit_chunks=unit_chunks, front_chunks=front_chunks)
-        per_second = self.scenario.block_tokens / (len(epochs) * interval)
-        hits = [0.0] * (units + 1)
-        for index in epochs:
-            curve = self._epoch_curve(tenant, index, units, unit_chunks, front_chunks)
-            hits = [total + value for total, value in zip(hits, curve)]
-        accessed = sum(self.hindsight.epoch(tenant, index).total for index in epochs)
-        return Estimate(tuple(value * per_second for value in hits), 1.0, False, "probe", accessed * per_second)
-
-
 #: Changes of the algorithm tried against the shipped one (all with the shipped settings).
 VARIANTS: dict[str, Callable[[Scenario], KvtierPolicy]] = {
     "shipped": KvtierPolicy,
@@ -329,6 +326,12 @@ VARIANTS: dict[str, Callable[[Scenario], KvtierPolicy]] = {
     "veto unless a 2-interval window gains too": lambda s: VetoPolicy(s, 2.0),
     "veto unless a 4-interval window gains too": lambda s: VetoPolicy(s, 4.0),
     "hits valued by the GPU queue they relieve": QueueReliefPolicy,
+    **{
+        f"waits on GPUs and storage paths weighed {weight:g} against GPU seconds": (
+            lambda s, weight=weight: WaitingPolicy(s, weight)
+        )
+        for weight in (1.0, 0.25, 0.1, 0.05)
+    },
     "a reversal within 1 round not made": lambda s: DampedReversalPolicy(s, 1, 0.0),
     "a reversal within 2 rounds halved": lambda s: DampedReversalPolicy(s, 2, 0.5),
     **{
@@ -342,12 +345,25 @@ VARIANTS: dict[str, Callable[[Scenario], KvtierPolicy]] = {
 #: What the loop reaches on exact curves (not estimates): bounds that tell the estimator's share of a
 #: miss from the loop's. Not candidates for the shipped algorithm (the next interval's is foresight).
 REFERENCES: dict[str, Callable[[Scenario], KvtierPolicy]] = {
-    **{
-        f"reference: the loop on the last {k} intervals' exact curves": (lambda s, k=k: ExactCurvesPolicy(s, -k, 0))
-        for k in (1, 2, 5, 10)
-    },
+    **{f"reference: {label}": policy_of for label, policy_of in CAUSAL_REFERENCES.items()},
     "reference: the loop on the next interval's exact curves (foresight)": lambda s: ExactCurvesPolicy(s, 0, 1),
 }
+
+
+#: The scenarios a grid replays and their loaded workloads, set before the worker processes fork.
+_SWEPT: list[tuple[Scenario, list[TenantWorkload]]] = []
+
+
+def replay_setting(setting: Setting) -> tuple[list[float], list[float], float]:
+    """kvtier under one grid setting on every swept scenario: block hit ratios, TTFT p50s, seconds taken."""
+    started = time.perf_counter()
+    ratios, ttfts = [], []
+    for scenario, workloads in _SWEPT:
+        adjusted = with_spec(scenario, setting.spec)
+        result = run_policy(KvtierPolicy(adjusted, half_life_intervals=setting.half_life), adjusted, workloads)
+        ratios.append(result.overall.block_hit_ratio)
+        ttfts.append(result.overall.ttft_p50_seconds)
+    return ratios, ttfts, time.perf_counter() - started
 
 
 def with_spec(scenario: Scenario, spec: dict) -> Scenario:
@@ -369,6 +385,7 @@ def main() -> None:
     parser.add_argument(
         "--variants", action="store_true", help="run the changes of the algorithm (VARIANTS) instead of a grid"
     )
+    parser.add_argument("--jobs", type=int, default=1, help="grid settings replayed at once, one process each")
     args = parser.parse_args()
     paths = args.scenario or [PUBLIC, *OWN]
     scenarios = [load_scenario(path) for path in paths]
@@ -405,21 +422,26 @@ def main() -> None:
     rows = []
     ttfts: dict[str, list[float]] = {}
 
-    def row(label: str, policy_of: Callable[[Scenario], KvtierPolicy], spec: dict | None = None) -> None:
-        started = time.perf_counter()
-        shares = []
-        for scenario in scenarios:
-            adjusted = with_spec(scenario, spec) if spec is not None else scenario
-            result = run_policy(policy_of(adjusted), adjusted, loaded[scenario.name])
-            shares.append(result.overall.block_hit_ratio / best[scenario.name])
-            ttfts.setdefault(label, []).append(result.overall.ttft_p50_seconds)
+    def report(label: str, ratios: list[float], ttft: list[float], seconds: float) -> None:
+        shares = [ratio / best[scenario.name] for ratio, scenario in zip(ratios, scenarios)]
+        ttfts[label] = ttft
         worst, mean = min(shares), sum(shares) / len(shares)
         rows.append((worst, mean, label))
         print(
             f"| {label} | "
             + " | ".join(f"{share:.3f}" for share in shares)
-            + f" | {worst:.3f} | {mean:.3f} | {time.perf_counter() - started:.0f} |",
+            + f" | {worst:.3f} | {mean:.3f} | {seconds:.0f} |",
             flush=True,
+        )
+
+    def row(label: str, policy_of: Callable[[Scenario], KvtierPolicy]) -> None:
+        started = time.perf_counter()
+        results = [run_policy(policy_of(scenario), scenario, loaded[scenario.name]).overall for scenario in scenarios]
+        report(
+            label,
+            [result.block_hit_ratio for result in results],
+            [result.ttft_p50_seconds for result in results],
+            time.perf_counter() - started,
         )
 
     if args.variants:
@@ -440,12 +462,15 @@ def main() -> None:
     for item in args.base:
         key, value = item.split("=", 1)
         overrides[key] = float(value) if key in ("maxStep", "minGain", "halfLife") else f"{parse_duration(value):g}s"
-    for setting in grid(args.grid, overrides, args.knob):
-        row(
-            setting.label,
-            lambda scenario, half_life=setting.half_life: KvtierPolicy(scenario, half_life_intervals=half_life),
-            setting.spec,
-        )
+    settings = grid(args.grid, overrides, args.knob)
+    _SWEPT[:] = [(scenario, loaded[scenario.name]) for scenario in scenarios]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            for setting, replayed in zip(settings, pool.map(replay_setting, settings)):
+                report(setting.label, *replayed)
+    else:
+        for setting in settings:
+            report(setting.label, *replay_setting(setting))
     worst, mean, label = max(rows, key=lambda row: (row[0], row[1]))
     print(f"\nbest: {label} (worst {worst:.3f}, mean {mean:.3f}); shipped: {defaults().label}")
 

@@ -14,7 +14,14 @@ from kvtier.rebalance.allocator import Demand, apportion, predict
 from kvtier.sim.cache import LRUCache
 from kvtier.sim.engine import Engine, EngineParams
 from kvtier.sim.hindsight import DepthPartition, Hindsight, HindsightPool
-from kvtier.sim.policies import DynamicPolicy, EqualPolicy, Timeline, build_policies, run_policy
+from kvtier.sim.policies import (
+    DynamicPolicy,
+    EqualPolicy,
+    Timeline,
+    build_policies,
+    run_policy,
+)
+from kvtier.sim.references import ExactCurvesPolicy, extrapolated
 from kvtier.sim.replay import TenantWorkload
 from kvtier.sim.scenario import load_scenario
 from kvtier.sim.trace import Request
@@ -314,3 +321,36 @@ def test_equal_policy_quotas_through_the_timeline(tmp_path):
     timeline = Timeline()
     run_policy(EqualPolicy(), scenario, [_workload("a", [0, 12], [1]), _workload("b", [1], [2])], timeline)
     assert timeline.quotas[0] == timeline.quotas[-1] == {"a": 4, "b": 3} and timeline.moves == 0
+
+
+def test_a_least_squares_trend_reads_a_linear_growth_exactly_and_stays_a_hit_curve():
+    growing = [[(1 + index) * units for units in range(5)] for index in range(4)]
+    assert extrapolated(growing, 4) == [5.0 * units for units in range(5)]
+    assert extrapolated(growing, 1.5) == pytest.approx([2.5 * units for units in range(5)])
+    # A falling line is cut at 0, and a dip at a larger quota is lifted: more room never hits less.
+    falling = [[0.0, 4.0, 3.0], [0.0, 2.0, 3.0]]
+    assert extrapolated(falling, 3) == [0.0, 0.0, 3.0]
+    assert extrapolated([[0.0, 5.0, 1.0], [0.0, 5.0, 1.0]], 2) == [0.0, 5.0, 5.0]
+    with pytest.raises(ValueError, match="two curves"):
+        extrapolated([[0.0, 1.0]], 1)
+
+
+def test_the_exact_curves_reference_reads_the_window_it_names(three_phased):
+    scenario, workloads, _ = three_phased
+    with pytest.raises(ValueError, match="first < last"):
+        ExactCurvesPolicy(scenario, 0, 0)
+    with pytest.raises(ValueError, match="two for a trend"):
+        ExactCurvesPolicy(scenario, -1, 0, trend=True)
+    past, next_ = ExactCurvesPolicy(scenario, -1, 0), ExactCurvesPolicy(scenario, 0, 1)
+    for policy in (past, next_):
+        run_policy(policy, scenario, workloads)
+    interval = next_.settings.interval_seconds
+    unit = next_.unit_blocks
+    exact = Hindsight(workloads, interval)
+    for tenant in exact.tenants:
+        # The last interval seen at 600 s is the next one seen at 540 s: interval 9, [540, 600).
+        seen = past.estimate(tenant, 600.0, 8, unit_chunks=unit, front_chunks=0)
+        foreseen = next_.estimate(tenant, 540.0, 8, unit_chunks=unit, front_chunks=0)
+        assert seen == foreseen
+        per_second = scenario.block_tokens / interval
+        assert seen.curve == tuple(exact.epoch(tenant, 9).hits(units * unit) * per_second for units in range(9))

@@ -6,6 +6,8 @@ passes. Static: ``shared``, ``equal``, ``proportional``, ``oracle-static``. Dyna
 :class:`DynamicPolicy`, which asks :meth:`DynamicPolicy.decide` for a split every epoch and
 applies it: ``oracle-dynamic`` and ``kvtier`` (the production rebalancer, :class:`KvtierPolicy`).
 Both oracles divide the pool with the production allocator (:mod:`kvtier.rebalance.allocator`).
+References that are not scenario policies (the previous epoch's best split, the loop on exact
+curves) are in :mod:`kvtier.sim.references`.
 """
 
 from __future__ import annotations
@@ -199,21 +201,6 @@ class OracleDynamicPolicy(DynamicPolicy):
     def decide(self, now: float, current: Mapping[str, int]) -> Mapping[str, int] | None:
         index = round(now / self.epoch_seconds)
         return self.splits[index] if index < len(self.splits) else None
-
-
-class PreviousEpochOracle(OracleDynamicPolicy):
-    """The best a causal rebalancer could do with perfect knowledge of the past: every epoch, the
-    split that was best for the *previous* epoch's exact curves, on real partitions (a grown one
-    fills with misses). A reference for ``bench/`` and the tests, not a scenario policy."""
-
-    name = "previous-epoch-oracle"
-
-    def __init__(self, scenario: Scenario, hindsight: Hindsight) -> None:
-        super().__init__(scenario, hindsight)
-        self.splits = self.splits[:1] + self.splits[:-1]
-
-    def pool(self, scenario: Scenario) -> IsolatedLRU:
-        return IsolatedLRU(self.initial_quotas(scenario))
 
 
 #: Scrapes a tenant's metrics may miss before its quota is frozen.
