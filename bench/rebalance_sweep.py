@@ -11,7 +11,7 @@ in intervals). The table gives, per setting and scenario, kvtier's block hit rat
 max(shared, oracle-dynamic), then the worst and the mean over the scenarios; the best setting is
 the one with the highest worst case (ties: the mean). ``--grid around`` varies one knob at a time
 from the shipped defaults; ``--grid full`` tries every combination of the values below (576
-settings: about 1.5 hours on one core, so ``--jobs`` replays settings in that many processes).
+settings: 1h55m of CPU on a 2-core machine; ``--jobs 2`` replays two at once, 59 minutes).
 ``--variants`` instead runs changes of the algorithm (:data:`VARIANTS`) with the shipped settings,
 then the loop on exact curves instead of estimates (:data:`REFERENCES`), which the best pick leaves out.
 
