@@ -37,7 +37,10 @@ def pool(cluster, namespace):
     for item in items(cluster, INFERENCEDEPLOYMENTS, namespace):
         kubectl(cluster, "delete", "infd", item["metadata"]["name"], "-n", namespace, "--wait=false")
     wait_for(lambda: not items(cluster, INFERENCEDEPLOYMENTS, namespace), timeout=60, message="deployments gone")
-    kubectl(cluster, "delete", "kvp", name, "--ignore-not-found")
+    # Its released volumes are wiped by Jobs, checked every resync (10 s): on a slow 2-core machine with
+    # the real control plane that has taken over a minute, longer than kubectl waits by default.
+    kubectl(cluster, "delete", "kvp", name, "--ignore-not-found", "--wait=false")
+    wait_for(lambda: get(cluster, KVPOOLS, None, name) is None, timeout=180, message="pool gone")
 
 
 def storage_bound(cluster, namespace, name):

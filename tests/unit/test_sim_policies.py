@@ -14,13 +14,7 @@ from kvtier.rebalance.allocator import Demand, apportion, predict
 from kvtier.sim.cache import LRUCache
 from kvtier.sim.engine import Engine, EngineParams
 from kvtier.sim.hindsight import DepthPartition, Hindsight, HindsightPool
-from kvtier.sim.policies import (
-    DynamicPolicy,
-    EqualPolicy,
-    Timeline,
-    build_policies,
-    run_policy,
-)
+from kvtier.sim.policies import DynamicPolicy, EqualPolicy, Timeline, build_policies, run_policy
 from kvtier.sim.references import ExactCurvesPolicy, extrapolated
 from kvtier.sim.replay import TenantWorkload
 from kvtier.sim.scenario import load_scenario

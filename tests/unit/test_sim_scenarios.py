@@ -6,7 +6,7 @@ perfect knowledge of the previous epoch would give, more GPU prefill seconds sav
 split, and a TTFT p50 no worse than it. Two of these cannot hold everywhere, and the tests say where
 and why instead of skipping: a hindsight margin that no causal estimate reaches (``steady-two``), and
 figures on which a hit loads slower than it recomputes (the flat ``three-phased``). There the tests
-check the reason and the closest bar that can hold (the README, "Where kvtier misses").
+check the reason and the closest bar that can hold (the README, below its scenario table).
 """
 
 import functools
