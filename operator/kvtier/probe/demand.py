@@ -222,29 +222,23 @@ class HitCurve:
     def hits_at_each(self, capacities: Iterable[float]) -> list[float]:
         """:meth:`hits_at` of every capacity, ascending (one walk over the bounds, the same values)."""
         bounds, hits = self.capacities, self.hits
-        values: list[float] = []
-        append = values.append
-        count = len(bounds)
-        index = 0
-        high, high_hits = (bounds[0], hits[0]) if count else (0.0, 0.0)
+        capacities = list(capacities)
+        position = bisect.bisect_right(capacities, 0)
+        values = [0.0] * position
+        if not bounds:
+            return values + [0.0] * (len(capacities) - position)
         low = low_hits = 0.0
-        for capacity in capacities:
-            if capacity <= 0 or not count:
-                append(0.0)
-                continue
-            if capacity > high:
-                while index < count and bounds[index] < capacity:
-                    index += 1
-                if index == count:
-                    append(hits[-1])
-                    high = float("inf")
-                    continue
-                high, high_hits = bounds[index], hits[index]
-                low, low_hits = (bounds[index - 1], hits[index - 1]) if index else (0.0, 0.0)
-            elif index == count:
-                append(hits[-1])
-                continue
-            append(low_hits + (high_hits - low_hits) * (capacity - low) / (high - low))
+        for high, high_hits in zip(bounds, hits):
+            # The capacities in (low, high]: linear between the two bounds.
+            end = bisect.bisect_right(capacities, high, position)
+            values.extend(
+                [
+                    low_hits + (high_hits - low_hits) * (capacity - low) / (high - low)
+                    for capacity in capacities[position:end]
+                ]
+            )
+            position, low, low_hits = end, high, high_hits
+        values.extend([hits[-1]] * (len(capacities) - position))
         return values
 
     def hit_ratio(self, capacity: float) -> float:

@@ -35,6 +35,9 @@ _MIN_TIMELINE = 1024
 _FINE = 9  # log2 of the slots per fine counter
 _COARSE = 15  # log2 of the slots per coarse counter
 _FINE_PER_COARSE = 1 << (_COARSE - _FINE)
+#: The timeline holds this many times the tracked blocks after a renumbering: it is renumbered
+#: (O(tracked)) once every (this - 1) x tracked touches.
+_GROWTH = 4
 
 
 class StackDistanceTracker:
@@ -138,7 +141,7 @@ class StackDistanceTracker:
         now = self._now
         marked = self._unmarked[:now].translate(_INVERT)
         order = list(itertools.compress(self._owner[:now], marked))
-        self._reset(order, max(_MIN_TIMELINE, 2 * (len(order) + incoming)))
+        self._reset(order, max(_MIN_TIMELINE, _GROWTH * (len(order) + incoming)))
 
 
 _INVERT = bytes([1, 0]) + bytes(254)
@@ -213,6 +216,10 @@ class DistanceHistogram:
         position = bisect.bisect_right(distances, capacity)
         return cumulative[position - 1] if position else 0
 
+    def hits_at_each(self, capacities: Iterable[float]) -> list[float]:
+        """:meth:`hits` at every capacity (a :class:`~kvtier.rebalance.estimator.HitsByCapacity`)."""
+        return [self.hits(capacity) for capacity in capacities]
+
     def hit_ratio(self, capacity: float) -> float:
         """Fraction of accesses that hit at ``capacity`` (0 for an empty histogram)."""
         total = self.total
@@ -268,12 +275,13 @@ class WindowedStackDistance:
         else:
             histogram = self.histogram
             counts = histogram.counts
-            index, bound = 0, bounds[0]
-            for distance in distances[:finite]:  # ascending: walk the bounds along
-                if distance > bound:
-                    index = bisect.bisect_left(bounds, distance, index)
-                    bound = bounds[index]
-                counts[bound] = counts.get(bound, 0) + 1
+            index = position = 0
+            while position < finite:  # ascending: one run of distances per bound they count at
+                index = bisect.bisect_left(bounds, distances[position], index)
+                bound = bounds[index]
+                end = bisect.bisect_right(distances, bound, position, finite)
+                counts[bound] = counts.get(bound, 0) + (end - position)
+                position = end
             histogram.cold += len(distances) - finite
             histogram._cumulative = None
         self.distance_sum += sum(distances[:finite])

@@ -66,7 +66,7 @@ class Demand:
         if self.min_units < 0 or (self.max_units is not None and self.max_units < self.min_units):
             raise ValueError(f"bounds must satisfy 0 <= min <= max, got {self.min_units}, {self.max_units}")
         scale = self.hit_value * self.weight
-        object.__setattr__(self, "_values", tuple(scale * hits for hits in accumulate(self.curve, max)))
+        object.__setattr__(self, "_values", tuple([scale * hits for hits in accumulate(self.curve, max)]))
 
     def value(self, units: int) -> float:
         """Weighted value of a quota of ``units`` (by the non-decreasing curve)."""
@@ -125,12 +125,16 @@ class _Climber:
 
     __slots__ = ("values", "at", "top", "hull", "next")
 
-    def __init__(self, demand: Demand, capacity: int) -> None:
+    def __init__(self, demand: Demand, capacity: int, full_hull: list[int]) -> None:
+        """``full_hull``: the hull from the minimum to the top of the curve (:func:`_top`)."""
         self.values = demand._values
         self.at = demand.min_units
-        limit = len(self.values) - 1 if demand.max_units is None else min(demand.max_units, len(self.values) - 1)
+        limit = _top(demand)
         self.top = min(limit, self.at + capacity)
-        self.hull = upper_concave_hull(self.values, self.at, self.top) if self.top > self.at else [self.at]
+        if self.top <= self.at:
+            self.hull = [self.at]
+        else:
+            self.hull = full_hull if self.top == limit else upper_concave_hull(self.values, self.at, self.top)
         self.next = 1  # index in hull of the vertex after `at`
 
     def offer(self, free: int) -> tuple[float, int] | None:
@@ -167,9 +171,14 @@ def allocate(demands: Mapping[str, Demand], capacity: int, current: Mapping[str,
     free = capacity - sum(demand.min_units for demand in demands.values())
     if free < 0:
         raise ValueError(f"the deployments' minimums need {capacity - free} units, the pool has {capacity}")
-    best = _climb(demands, free)
+    # Each deployment's hull above its minimum, built once for both searches.
+    hulls: dict[str, list[int]] = {}
+    for name, demand in demands.items():
+        top = _top(demand)
+        hulls[name] = upper_concave_hull(demand._values, demand.min_units, top) if top > demand.min_units else []
+    best = _climb(demands, free, hulls)
     best_value = predict(demands, best)
-    segments = _hull_segments(demands)
+    segments = _hull_segments(demands, hulls)
     for name in sorted(demands):
         candidate = _best_with_one_aside(demands, free, name, segments)
         value = predict(demands, candidate)
@@ -181,10 +190,16 @@ def allocate(demands: Mapping[str, Demand], capacity: int, current: Mapping[str,
     return best
 
 
-def _climb(demands: Mapping[str, Demand], free: int) -> dict[str, int]:
+def _top(demand: Demand) -> int:
+    """The highest quota (units) a deployment's curve and ``max`` allow."""
+    top = len(demand._values) - 1
+    return top if demand.max_units is None else min(demand.max_units, top)
+
+
+def _climb(demands: Mapping[str, Demand], free: int, hulls: Mapping[str, list[int]]) -> dict[str, int]:
     """The lookahead climb: the best offer by gain per unit wins whole (ties: the name sorting first)."""
     order = {name: rank for rank, name in enumerate(sorted(demands))}
-    climbers = {name: _Climber(demand, free) for name, demand in demands.items()}
+    climbers = {name: _Climber(demand, free, hulls[name]) for name, demand in demands.items()}
     offers: list[tuple[float, int, str, int]] = []
     for name, climber in climbers.items():
         _push(offers, climber.offer(free), order[name], name)
@@ -203,17 +218,11 @@ def _climb(demands: Mapping[str, Demand], free: int) -> dict[str, int]:
 Segment = tuple[float, int, str, int]
 
 
-def _hull_segments(demands: Mapping[str, Demand]) -> dict[str, list[Segment]]:
+def _hull_segments(demands: Mapping[str, Demand], hulls: Mapping[str, list[int]]) -> dict[str, list[Segment]]:
     """Each deployment's hull segments above its minimum that gain: ``(-gain per unit, rank, name, units)``."""
     segments: dict[str, list[Segment]] = {}
     for rank, name in enumerate(sorted(demands)):
-        demand = demands[name]
-        values = demand._values
-        top = len(values) - 1 if demand.max_units is None else min(demand.max_units, len(values) - 1)
-        if top <= demand.min_units:
-            segments[name] = []
-            continue
-        hull = upper_concave_hull(values, demand.min_units, top)
+        values, hull = demands[name]._values, hulls[name]
         segments[name] = [
             ((values[a] - values[b]) / (b - a), rank, name, b - a)
             for a, b in zip(hull, hull[1:])
@@ -222,17 +231,21 @@ def _hull_segments(demands: Mapping[str, Demand]) -> dict[str, list[Segment]]:
     return segments
 
 
-def _hull_order(segments: Mapping[str, list[Segment]]) -> list[str]:
-    """Every unit above the minimums, in the order greedy on the full hulls hands them out.
+def _hull_runs(segments: Mapping[str, list[Segment]], units: int) -> list[tuple[str, int]]:
+    """The first ``units`` units above the minimums, in the order greedy on the full hulls hands them out.
 
     Hull segments of all deployments merged by gain per unit (ties: name order), each
-    deployment's own segments in order; only segments that gain. Entry k names the deployment
-    that receives unit k, so the first R entries are the split of R free units, for every R.
+    deployment's own segments in order; only segments that gain. Each run ``(name, length)``
+    gives the next ``length`` units to ``name``, so the first R units of the runs are the split
+    of R free units, for every R <= ``units``.
     """
-    units: list[str] = []
+    runs: list[tuple[str, int]] = []
     for _, _, name, length in heapq.merge(*segments.values(), key=lambda segment: segment[:2]):
-        units.extend([name] * length)
-    return units
+        if units <= 0:
+            break
+        runs.append((name, min(length, units)))
+        units -= length
+    return runs
 
 
 def _best_with_one_aside(
@@ -245,32 +258,33 @@ def _best_with_one_aside(
     exhaustively, with the others' split for every remainder read off one ordered walk, finds it.
     """
     others = {name: demand for name, demand in demands.items() if name != aside}
-    order = _hull_order({name: segments[name] for name in sorted(others)})[:free]
+    runs = _hull_runs({name: segments[name] for name in sorted(others)}, free)
     quotas = {name: demand.min_units for name, demand in others.items()}
-    # rest[r]: the others' value with r free units.
+    # rest[r]: the others' value with r free units (a run never climbs past the top of its curve).
     rest = [predict(others, quotas)]
     append = rest.append
-    tables = {name: (demand._values, len(demand._values) - 1) for name, demand in others.items()}
     running = rest[0]
-    for name in order:
-        values, top = tables[name]
+    for name, length in runs:
+        values = others[name]._values
         held = quotas[name]
-        quotas[name] = held + 1
-        running = running + values[min(held + 1, top)] - values[min(held, top)]
-        append(running)
+        for unit in range(held + 1, held + length + 1):
+            running = running + values[unit] - values[unit - 1]
+            append(running)
+        quotas[name] = held + length
     demand = demands[aside]
     low = demand.min_units
     high = low + free if demand.max_units is None else min(demand.max_units, low + free)
     values, top = demand._values, len(demand._values) - 1
     last = len(rest) - 1
-    best_units, best_value = low, -1.0
-    for units in range(low, high + 1):
-        value = values[min(units, top)] + rest[min(free - (units - low), last)]
-        if value > best_value:
-            best_units, best_value = units, value
+    totals = [values[min(units, top)] + rest[min(free - (units - low), last)] for units in range(low, high + 1)]
+    best_units = low + totals.index(max(totals))  # the smallest quota of the best
     split = {name: demand.min_units for name, demand in others.items()}
-    for name in order[: free - (best_units - low)]:
-        split[name] += 1
+    given = free - (best_units - low)
+    for name, length in runs:
+        if given <= 0:
+            break
+        split[name] += min(length, given)
+        given -= length
     split[aside] = best_units
     return {name: split[name] for name in demands}
 

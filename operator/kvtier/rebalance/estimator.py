@@ -33,10 +33,11 @@ deployment with no fresh reading within ``stale_seconds`` is *stale*: the loop f
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from kvtier.probe.demand import HitCurve
 
@@ -119,7 +120,16 @@ def probe_increment(previous: ProbeReading, current: ProbeReading) -> tuple[list
     return added, max(0.0, current.total - factor * previous.total), lookups
 
 
-def storage_curve(hits: HitCurve, units: int, unit_chunks: float, front_chunks: float = 0.0) -> list[float]:
+class HitsByCapacity(Protocol):
+    """A hit curve over cache capacities (chunks): the probe's :class:`HitCurve`, or an exact
+    :class:`~kvtier.probe.stackdist.DistanceHistogram`."""
+
+    def hits_at_each(self, capacities: Iterable[float]) -> list[float]:
+        """Hits at every capacity, ascending."""
+        ...
+
+
+def storage_curve(hits: HitsByCapacity, units: int, unit_chunks: float, front_chunks: float = 0.0) -> list[float]:
     """Hits the storage tier adds at 0..units units: ``hits(max(F, c)) - hits(F)``, c in chunks.
 
     ``hits`` is the whole stream's hit curve (any tier), ``unit_chunks`` chunks make one unit,
@@ -127,9 +137,10 @@ def storage_curve(hits: HitCurve, units: int, unit_chunks: float, front_chunks: 
     """
     if units < 0 or unit_chunks <= 0 or front_chunks < 0:
         raise ValueError("units >= 0, unit_chunks > 0 and front_chunks >= 0 are required")
-    base = hits.hits_at(front_chunks)
-    at = hits.hits_at_each([max(front_chunks, units_ * unit_chunks) for units_ in range(units + 1)])
-    return [max(0.0, value - base) for value in at]
+    capacities = [units_ * unit_chunks for units_ in range(units + 1)]
+    behind = bisect.bisect_right(capacities, front_chunks)  # quotas within the faster tier: max(F, c) = F
+    base, *at = hits.hits_at_each([front_chunks] * (behind + 1) + capacities[behind:])
+    return [added if (added := value - base) > 0.0 else 0.0 for value in at]
 
 
 def concave_fit(points: Sequence[tuple[float, float, float]]) -> list[tuple[float, float]]:
@@ -274,7 +285,7 @@ class DemandEstimator:
         (total, lookups, *buckets), observed = self._probe_window.decayed(now)
         per_second = chunk_tokens / observed
         hits = HitCurve(self._probe.bounds, tuple(buckets), total)
-        curve = tuple(value * per_second for value in storage_curve(hits, units, unit_chunks, front_chunks))
+        curve = tuple([value * per_second for value in storage_curve(hits, units, unit_chunks, front_chunks)])
         return Estimate(
             curve,
             confidence(self._coverage(observed), lookups, self.confidence_lookups),

@@ -26,9 +26,11 @@ more than the larger of the old and new totals.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Literal
 
 from kvtier.api.kvpool import RebalancePolicy, RebalanceSpec
@@ -332,12 +334,20 @@ def warmed_curve(curve: Sequence[float], current: int, fill_units_per_second: fl
         return curve
     warmed = curve[: current + 1]
     rate = fill_units_per_second
-    filling = 0.0  # the integral of the value over the fill so far (unit-seconds of value)
-    for units in range(current + 1, len(curve)):
-        filling += curve[units - 1] / rate if rate > 0 else math.inf
-        seconds = (units - current) / rate if rate > 0 else math.inf
-        if seconds <= horizon:
-            warmed.append((filling + curve[units] * (horizon - seconds)) / horizon)
-        else:
-            warmed.append(warmed[-1])  # not filled within the horizon: no more than the last reachable point
+    steps = range(1, len(curve) - current)  # a grown quota of current + step units
+    if rate > 0:
+        # The integral of the value over the fill so far (unit-seconds of value), and the time it took.
+        fillings = list(accumulate([value / rate for value in curve[current:-1]], initial=0.0))[1:]
+        seconds = [step / rate for step in steps]
+    else:
+        fillings = seconds = [math.inf] * len(steps)
+    reachable = bisect.bisect_right(seconds, horizon)  # filled within the horizon
+    warmed.extend(
+        [
+            (filling + curve[current + step] * (horizon - took)) / horizon
+            for step, filling, took in zip(steps[:reachable], fillings, seconds)
+        ]
+    )
+    # Not filled within the horizon: no more than the last reachable point.
+    warmed.extend([warmed[-1]] * (len(steps) - reachable))
     return warmed
