@@ -8,14 +8,28 @@ the previous epoch's best split on real partitions (``PreviousEpochOracle``): wh
 with perfect knowledge of the past gets. Then ``kvtier`` runs with every setting of the grid, a KVPool's ``spec.rebalance``
 (``interval``, ``cooldown``, ``maxStep``, ``minGain``) plus the estimator's window (its half-life
 in intervals). The table gives, per setting and scenario, kvtier's block hit ratio as a share of
-max(shared, oracle-dynamic), then the worst and the mean over the scenarios; the best setting is
-the one with the highest worst case (ties: the mean). ``--grid around`` varies one knob at a time
-from the shipped defaults; ``--grid full`` tries every combination of the values below (576
-settings: 1h55m of CPU on a 2-core machine; ``--jobs 2`` replays two at once, 59 minutes).
-``--variants`` instead runs changes of the algorithm (:data:`VARIANTS`) with the shipped settings,
-then the loop on exact curves instead of estimates (:data:`REFERENCES`), which the best pick leaves out.
+max(shared, oracle-dynamic), then the worst and the mean over the scenarios, the quota changes an
+hour (mean over the scenarios) and the seconds the replays took.
 
-    .venv/bin/python bench/rebalance_sweep.py [--grid around|full [--jobs N] | --variants] [--scenario FILE ...]
+The pick (:func:`pick`): settings within one point (:data:`TIED`) of the best worst case and of
+the best mean are tied on hit ratio; of those, the one with the fewest rounds (the longest
+``interval``), then the fewest quota changes, then the best worst case and mean wins, compared as
+the table prints them (then the longer ``cooldown``, which changes nothing where it is at most
+the interval). Every round costs the operator a scrape of every replica and the replay its
+allocation (sweeps and capacity plans replay many times), and every quota change evicts from a
+partition, calls every replica's quota API and posts Events; a point of hit ratio is worth them,
+a fraction of one is not.
+
+``--grid around`` varies one knob at a time from the shipped defaults; ``--grid full`` tries every
+combination of the values below (576 settings: 1h55m of CPU on a 2-core machine; ``--jobs 2``
+replays two at once, 59 minutes); ``--setting`` replays the settings named (as the table labels
+them). ``--pool-scale 0.5,1,2`` replays each scenario with its pool that many times its size
+instead (a pick should not hang on one size). ``--variants`` instead runs changes of the
+algorithm (:data:`VARIANTS`) with the shipped settings (or ``--base`` ones), then the loop on
+exact curves instead of estimates (:data:`REFERENCES`), which the best pick leaves out.
+
+    .venv/bin/python bench/rebalance_sweep.py [--grid around|full | --setting LABEL ...] [--jobs N] [--scenario FILE ...] [--pool-scale F,...]
+    .venv/bin/python bench/rebalance_sweep.py --variants [--scenario FILE ...] [--base KNOB=VALUE ...]
 """
 
 from __future__ import annotations
@@ -44,10 +58,11 @@ from kvtier.sim.policies import (
     STALE_SCRAPES,
     KvtierPolicy,
     OracleDynamicPolicy,
+    Timeline,
     build_policies,
     run_policy,
 )
-from kvtier.sim.references import CAUSAL_REFERENCES, ExactCurvesPolicy, PreviousEpochOracle
+from kvtier.sim.references import CAUSAL_REFERENCES, FORESIGHT_SECONDS, PreviousEpochOracle, foresight_reference
 from kvtier.sim.replay import Replay, TenantWorkload
 from kvtier.sim.scenario import Scenario, load_scenario
 
@@ -67,6 +82,9 @@ GRID = {
     "halfLife": [0.25, 0.5, 1.0, 2.0],
 }
 
+#: Shares of the best this close are a tie on hit ratio (see the module's docstring).
+TIED = 0.01
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -77,6 +95,20 @@ class Setting:
     def label(self) -> str:
         parts = [f"{key}={value}" for key, value in self.spec.items()]
         return " ".join(parts + [f"halfLife={self.half_life:g}"])
+
+    @classmethod
+    def from_label(cls, label: str) -> Setting:
+        """The setting a table row names (``interval=60s cooldown=60s ... halfLife=0.25``)."""
+        knobs = dict(item.split("=", 1) for item in label.split())
+        if set(knobs) != set(GRID):
+            raise SystemExit(f"--setting needs exactly {', '.join(GRID)}; got {label!r}")
+        half_life = float(knobs.pop("halfLife"))
+        return cls({key: _knob(key, value) for key, value in knobs.items()}, half_life)
+
+
+def _knob(key: str, value: str) -> float | str:
+    """A knob's value as the grid spells it: a number, or a duration in seconds."""
+    return float(value) if key in ("maxStep", "minGain", "halfLife") else f"{parse_duration(value):g}s"
 
 
 def defaults() -> Setting:
@@ -346,7 +378,7 @@ VARIANTS: dict[str, Callable[[Scenario], KvtierPolicy]] = {
 #: miss from the loop's. Not candidates for the shipped algorithm (the next interval's is foresight).
 REFERENCES: dict[str, Callable[[Scenario], KvtierPolicy]] = {
     **{f"reference: {label}": policy_of for label, policy_of in CAUSAL_REFERENCES.items()},
-    "reference: the loop on the next interval's exact curves (foresight)": lambda s: ExactCurvesPolicy(s, 0, 1),
+    f"reference: the loop on the next {FORESIGHT_SECONDS} s of exact curves (foresight)": foresight_reference,
 }
 
 
@@ -354,41 +386,107 @@ REFERENCES: dict[str, Callable[[Scenario], KvtierPolicy]] = {
 _SWEPT: list[tuple[Scenario, list[TenantWorkload]]] = []
 
 
-def replay_setting(setting: Setting) -> tuple[list[float], list[float], float]:
-    """kvtier under one grid setting on every swept scenario: block hit ratios, TTFT p50s, seconds taken."""
+@dataclass(frozen=True)
+class Replayed:
+    """kvtier under one setting or variant on every swept scenario."""
+
+    ratios: list[float]
+    ttfts: list[float]
+    changes_per_hour: list[float]
+    seconds: float
+
+
+def replay_all(
+    scenarios: list[tuple[Scenario, list[TenantWorkload]]], policy_of: Callable[[Scenario], KvtierPolicy]
+) -> Replayed:
     started = time.perf_counter()
-    ratios, ttfts = [], []
-    for scenario, workloads in _SWEPT:
-        adjusted = with_spec(scenario, setting.spec)
-        result = run_policy(KvtierPolicy(adjusted, half_life_intervals=setting.half_life), adjusted, workloads)
+    ratios, ttfts, changes = [], [], []
+    for scenario, workloads in scenarios:
+        timeline = Timeline()
+        result = run_policy(policy_of(scenario), scenario, workloads, timeline)
         ratios.append(result.overall.block_hit_ratio)
         ttfts.append(result.overall.ttft_p50_seconds)
-    return ratios, ttfts, time.perf_counter() - started
+        changes.append(timeline.moves * 3600 / timeline.times[-1])
+    return Replayed(ratios, ttfts, changes, time.perf_counter() - started)
+
+
+def replay_setting(setting: Setting) -> Replayed:
+    """kvtier under one grid setting on every swept scenario."""
+    return replay_all(
+        [(with_spec(scenario, setting.spec), workloads) for scenario, workloads in _SWEPT],
+        lambda scenario: KvtierPolicy(scenario, half_life_intervals=setting.half_life),
+    )
+
+
+def with_pool_scaled(scenario: Scenario, factor: float) -> Scenario:
+    """The scenario with its pool ``factor`` times its size (named ``<name>-x<factor>``)."""
+    pool = scenario.pool.model_copy(
+        update={"capacity_blocks": int(scenario.capacity_blocks * factor), "capacity": None}
+    )
+    return scenario.model_copy(update={"name": f"{scenario.name}-x{factor:g}", "pool": pool})
 
 
 def with_spec(scenario: Scenario, spec: dict) -> Scenario:
     return scenario.model_copy(update={"rebalance": RebalanceSpec.model_validate(spec)})
 
 
+@dataclass(frozen=True)
+class Row:
+    label: str
+    worst: float
+    mean: float
+    changes_per_hour: float
+    interval: float = 0.0
+    """Seconds between rounds (0 for a variant: not a setting)."""
+    cooldown: float = 0.0
+
+
+def pick(rows: list[Row]) -> tuple[Row, list[Row]]:
+    """The winner and the rows tied with it on hit ratio (module docstring)."""
+    best_worst = max(row.worst for row in rows)
+    best_mean = max(row.mean for row in rows)
+    tied = [row for row in rows if row.worst >= best_worst - TIED and row.mean >= best_mean - TIED]
+    winner = max(
+        tied,
+        key=lambda row: (
+            row.interval,
+            -round(row.changes_per_hour),
+            round(row.worst, 3),
+            round(row.mean, 3),
+            row.cooldown,
+        ),
+    )
+    return winner, tied
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", choices=["around", "full"], default="around")
+    parser.add_argument(
+        "--setting", action="append", default=[], metavar="LABEL", help="replay these settings instead of a grid"
+    )
     parser.add_argument("--scenario", type=pathlib.Path, action="append", help="instead of the default set")
     parser.add_argument(
         "--base",
         action="append",
         default=[],
         metavar="KNOB=VALUE",
-        help="start --grid around from this instead of the shipped default",
+        help="start --grid around (or run --variants) from this instead of the shipped default",
     )
     parser.add_argument("--knob", action="append", default=[], help="vary only these knobs")
     parser.add_argument(
         "--variants", action="store_true", help="run the changes of the algorithm (VARIANTS) instead of a grid"
     )
     parser.add_argument("--jobs", type=int, default=1, help="grid settings replayed at once, one process each")
+    parser.add_argument(
+        "--pool-scale", default="", metavar="F,...", help="replay each scenario with its pool scaled by these instead"
+    )
     args = parser.parse_args()
     paths = args.scenario or [PUBLIC, *OWN]
     scenarios = [load_scenario(path) for path in paths]
+    if args.pool_scale:
+        factors = [float(factor) for factor in args.pool_scale.split(",")]
+        scenarios = [with_pool_scaled(scenario, factor) for scenario in scenarios for factor in factors]
     loaded = {}
     best: dict[str, float] = {}
     equal_ttft: dict[str, float] = {}
@@ -417,40 +515,57 @@ def main() -> None:
     print()
     names = [scenario.name for scenario in scenarios]
     print("kvtier block hit ratio / max(shared, oracle-dynamic):")
-    print(f"| {'variant' if args.variants else 'setting'} | " + " | ".join(names) + " | worst | mean | s |")
-    print("|---|" + "---:|" * (len(names) + 3))
-    rows = []
+    print(
+        f"| {'variant' if args.variants else 'setting'} | "
+        + " | ".join(names)
+        + " | worst | mean | quota changes/h | s |"
+    )
+    print("|---|" + "---:|" * (len(names) + 4))
+    rows: list[Row] = []
     ttfts: dict[str, list[float]] = {}
 
-    def report(label: str, ratios: list[float], ttft: list[float], seconds: float) -> None:
-        shares = [ratio / best[scenario.name] for ratio, scenario in zip(ratios, scenarios)]
-        ttfts[label] = ttft
-        worst, mean = min(shares), sum(shares) / len(shares)
-        rows.append((worst, mean, label))
+    def report(label: str, replayed: Replayed, setting: Setting | None = None) -> None:
+        shares = [ratio / best[scenario.name] for ratio, scenario in zip(replayed.ratios, scenarios)]
+        ttfts[label] = replayed.ttfts
+        changes = sum(replayed.changes_per_hour) / len(replayed.changes_per_hour)
+        row = Row(label, min(shares), sum(shares) / len(shares), changes)
+        if setting is not None:
+            row = replace(
+                row,
+                interval=parse_duration(setting.spec["interval"]),
+                cooldown=parse_duration(setting.spec["cooldown"]),
+            )
+        rows.append(row)
         print(
             f"| {label} | "
             + " | ".join(f"{share:.3f}" for share in shares)
-            + f" | {worst:.3f} | {mean:.3f} | {seconds:.0f} |",
+            + f" | {row.worst:.3f} | {row.mean:.3f} | {changes:.0f} | {replayed.seconds:.0f} |",
             flush=True,
         )
 
-    def row(label: str, policy_of: Callable[[Scenario], KvtierPolicy]) -> None:
-        started = time.perf_counter()
-        results = [run_policy(policy_of(scenario), scenario, loaded[scenario.name]).overall for scenario in scenarios]
-        report(
-            label,
-            [result.block_hit_ratio for result in results],
-            [result.ttft_p50_seconds for result in results],
-            time.perf_counter() - started,
+    def describe(winner: Row, tied: list[Row]) -> str:
+        return (
+            f"{winner.label} (worst {winner.worst:.3f}, mean {winner.mean:.3f}, {winner.changes_per_hour:.0f} quota "
+            f"changes/h; {len(tied)} tied within {TIED:g} of the best worst case {max(r.worst for r in rows):.3f} "
+            f"and mean {max(r.mean for r in rows):.3f})"
         )
 
+    overrides = {}
+    for item in args.base:
+        key, value = item.split("=", 1)
+        overrides[key] = _knob(key, value)
     if args.variants:
+        if "halfLife" in overrides:
+            raise SystemExit("--variants takes the estimator's half-life of each variant; --base it for a grid only")
+        spec = {**defaults().spec, **overrides}
+        swept = [(with_spec(scenario, spec), loaded[scenario.name]) for scenario in scenarios]
         for label, policy_of in VARIANTS.items():
-            row(label, policy_of)
-        worst, mean, label = max(rows, key=lambda row: (row[0], row[1]))
+            report(label, replay_all(swept, policy_of))
+        variants = list(rows)
         for reference, policy_of in REFERENCES.items():
-            row(reference, policy_of)
-        print(f"\nbest: {label} (worst {worst:.3f}, mean {mean:.3f})")
+            report(reference, replay_all(swept, policy_of))
+        winner = max(variants, key=lambda row: (row.worst, row.mean))
+        print(f"\nbest: {winner.label} (worst {winner.worst:.3f}, mean {winner.mean:.3f})")
         print("\nkvtier TTFT p50 (s), and the equal split's:")
         print("| variant | " + " | ".join(names) + " |")
         print("|---|" + "---:|" * len(names))
@@ -458,21 +573,21 @@ def main() -> None:
         for label, values in ttfts.items():
             print(f"| {label} | " + " | ".join(f"{value:.3f}" for value in values) + " |")
         return
-    overrides = {}
-    for item in args.base:
-        key, value = item.split("=", 1)
-        overrides[key] = float(value) if key in ("maxStep", "minGain", "halfLife") else f"{parse_duration(value):g}s"
-    settings = grid(args.grid, overrides, args.knob)
+    if args.setting:
+        settings = [Setting.from_label(label) for label in args.setting]
+    else:
+        settings = grid(args.grid, overrides, args.knob)
     _SWEPT[:] = [(scenario, loaded[scenario.name]) for scenario in scenarios]
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             for setting, replayed in zip(settings, pool.map(replay_setting, settings)):
-                report(setting.label, *replayed)
+                report(setting.label, replayed, setting)
     else:
         for setting in settings:
-            report(setting.label, *replay_setting(setting))
-    worst, mean, label = max(rows, key=lambda row: (row[0], row[1]))
-    print(f"\nbest: {label} (worst {worst:.3f}, mean {mean:.3f}); shipped: {defaults().label}")
+            report(setting.label, replay_setting(setting), setting)
+    by_worst = max(rows, key=lambda row: (row.worst, row.mean))
+    print(f"\nthe best worst case: {by_worst.label} (worst {by_worst.worst:.3f}, mean {by_worst.mean:.3f})")
+    print(f"pick: {describe(*pick(rows))}; shipped: {defaults().label}")
 
 
 if __name__ == "__main__":

@@ -10,12 +10,13 @@ import sys
 import pytest
 import yaml
 
+from kvtier.api.kvpool import RebalanceSpec
 from kvtier.rebalance.allocator import Demand, apportion, predict
 from kvtier.sim.cache import LRUCache
 from kvtier.sim.engine import Engine, EngineParams
 from kvtier.sim.hindsight import DepthPartition, Hindsight, HindsightPool
 from kvtier.sim.policies import DynamicPolicy, EqualPolicy, Timeline, build_policies, run_policy
-from kvtier.sim.references import ExactCurvesPolicy, extrapolated
+from kvtier.sim.references import ExactCurvesPolicy, extrapolated, foresight_reference, intervals
 from kvtier.sim.replay import TenantWorkload
 from kvtier.sim.scenario import load_scenario
 from kvtier.sim.trace import Request
@@ -342,9 +343,21 @@ def test_the_exact_curves_reference_reads_the_window_it_names(three_phased):
     unit = next_.unit_blocks
     exact = Hindsight(workloads, interval)
     for tenant in exact.tenants:
-        # The last interval seen at 600 s is the next one seen at 540 s: interval 9, [540, 600).
-        seen = past.estimate(tenant, 600.0, 8, unit_chunks=unit, front_chunks=0)
-        foreseen = next_.estimate(tenant, 540.0, 8, unit_chunks=unit, front_chunks=0)
+        # The last interval seen at the end of interval 9 is the next one seen at its start.
+        seen = past.estimate(tenant, 10 * interval, 8, unit_chunks=unit, front_chunks=0)
+        foreseen = next_.estimate(tenant, 9 * interval, 8, unit_chunks=unit, front_chunks=0)
         assert seen == foreseen
         per_second = scenario.block_tokens / interval
         assert seen.curve == tuple(exact.epoch(tenant, 9).hits(units * unit) * per_second for units in range(9))
+
+
+def test_reference_windows_are_whole_intervals_nearest_their_seconds(three_phased):
+    scenario = three_phased[0]
+
+    def every(seconds: str):
+        return scenario.model_copy(update={"rebalance": RebalanceSpec(interval=seconds)})
+
+    assert [intervals(every("30s"), seconds) for seconds in (60, 600, 10)] == [2, 20, 1]
+    assert [intervals(every("1m"), seconds) for seconds in (60, 600, 10)] == [1, 10, 1]
+    assert intervals(every("45s"), 60) == 1 and intervals(every("45s"), 120) == 3
+    assert foresight_reference(every("30s")).last == 2

@@ -9,7 +9,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 
-from kvtier.rebalance.estimator import Estimate
+from kvtier.rebalance.estimator import Estimate, storage_curve
+from kvtier.rebalance.loop import LoopSettings
 from kvtier.sim.cache import IsolatedLRU
 from kvtier.sim.hindsight import Hindsight
 from kvtier.sim.policies import KvtierPolicy, OracleDynamicPolicy
@@ -77,10 +78,7 @@ class ExactCurvesPolicy(KvtierPolicy):
         curve = self.curves.get(key)
         if curve is None:
             histogram = self.hindsight.epoch(tenant, index)
-            front = histogram.hits(front_chunks)
-            curve = self.curves[key] = [
-                histogram.hits(max(front_chunks, quota * unit_chunks)) - front for quota in range(units + 1)
-            ]
+            curve = self.curves[key] = storage_curve(histogram, units, unit_chunks, front_chunks)
         return curve
 
     def estimate(self, tenant: str, now: float, units: int, *, unit_chunks: float, front_chunks: float) -> Estimate:
@@ -99,18 +97,36 @@ class ExactCurvesPolicy(KvtierPolicy):
         return Estimate(tuple(value * per_second for value in hits), 1.0, False, "probe", accessed * per_second)
 
 
+def intervals(scenario: Scenario, seconds: float) -> int:
+    """The whole rebalance intervals of the scenario's ``kvtier`` settings nearest ``seconds`` (at least one)."""
+    return max(1, round(seconds / LoopSettings.from_spec(scenario.rebalance).interval_seconds))
+
+
 #: The loop on exact curves of the recent past (:class:`ExactCurvesPolicy`), by label: the best a
 #: causal rebalancer could know of each tenant's curve, without noise. Where all of them fall short
-#: of the hindsight split, its margin is foresight (``tests/unit/test_sim_scenarios.py``).
+#: of the hindsight split, its margin is foresight (``tests/unit/test_sim_scenarios.py``). Windows
+#: are in seconds, so they keep their meaning whatever the interval.
 CAUSAL_REFERENCES: dict[str, Callable[[Scenario], ExactCurvesPolicy]] = {
     **{
-        f"the loop on the last {k} intervals' exact curves": (lambda scenario, k=k: ExactCurvesPolicy(scenario, -k, 0))
-        for k in (1, 2, 5, 10)
+        f"the loop on the last {seconds} s of exact curves": (
+            lambda scenario, seconds=seconds: ExactCurvesPolicy(scenario, -intervals(scenario, seconds), 0)
+        )
+        for seconds in (60, 120, 300, 600)
     },
     **{
-        f"the loop on the last {k} intervals' exact curves, extrapolated by least squares": (
-            lambda scenario, k=k: ExactCurvesPolicy(scenario, -k, 0, trend=True)
+        f"the loop on the last {seconds} s of exact curves, extrapolated by least squares": (
+            lambda scenario, seconds=seconds: ExactCurvesPolicy(
+                scenario, -max(2, intervals(scenario, seconds)), 0, trend=True
+            )
         )
-        for k in (10, 20, 30)
+        for seconds in (600, 1200, 1800)
     },
 }
+
+#: The loop on the exact curves of the next minute: foresight, which no pod has. Where it reaches
+#: the hindsight split and :data:`CAUSAL_REFERENCES` do not, the split's margin is foresight.
+FORESIGHT_SECONDS = 60
+
+
+def foresight_reference(scenario: Scenario) -> ExactCurvesPolicy:
+    return ExactCurvesPolicy(scenario, 0, intervals(scenario, FORESIGHT_SECONDS))
