@@ -134,3 +134,13 @@ def create_pool(cluster, body: dict[str, Any]) -> dict[str, Any]:
 
 def create_deployment(cluster, body: dict[str, Any]) -> dict[str, Any]:
     return create(cluster, INFERENCEDEPLOYMENTS, body)
+
+
+def delete_pool(cluster, name: str) -> None:
+    """Delete a pool and wait until it is gone.
+
+    Its released volumes are wiped by Jobs, checked every resync (10 s): on a slow 2-core machine with
+    the real control plane that has taken over a minute, longer than `kubectl delete` may wait here.
+    """
+    kubectl(cluster, "delete", "kvp", name, "--ignore-not-found", "--wait=false")
+    wait_for(lambda: get(cluster, KVPOOLS, None, name) is None, timeout=180, message=f"pool {name} gone")

@@ -26,6 +26,7 @@ from tests.e2e.helpers import (
     create_deployment,
     create_pool,
     csi_pool,
+    delete_pool,
     deployment,
     ensure_sim_storage_class,
     events,
@@ -181,7 +182,7 @@ def test_deleting_the_deployment_removes_everything_and_frees_the_pool(cluster, 
     )
     status = get(cluster, KVPOOLS, None, pool)["status"]
     assert (status["allocated"], status["allocations"]) == ("0", [])
-    kubectl(cluster, "delete", "kvp", pool)
+    delete_pool(cluster, pool)
 
 
 @pytest.mark.parametrize(

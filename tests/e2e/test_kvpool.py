@@ -15,6 +15,7 @@ from tests.e2e.helpers import (
     create_deployment,
     create_pool,
     csi_pool,
+    delete_pool,
     deployment,
     ensure_sim_storage_class,
     events,
@@ -37,10 +38,7 @@ def pool(cluster, namespace):
     for item in items(cluster, INFERENCEDEPLOYMENTS, namespace):
         kubectl(cluster, "delete", "infd", item["metadata"]["name"], "-n", namespace, "--wait=false")
     wait_for(lambda: not items(cluster, INFERENCEDEPLOYMENTS, namespace), timeout=60, message="deployments gone")
-    # Its released volumes are wiped by Jobs, checked every resync (10 s): on a slow 2-core machine with
-    # the real control plane that has taken over a minute, longer than kubectl waits by default.
-    kubectl(cluster, "delete", "kvp", name, "--ignore-not-found", "--wait=false")
-    wait_for(lambda: get(cluster, KVPOOLS, None, name) is None, timeout=180, message="pool gone")
+    delete_pool(cluster, name)
 
 
 def storage_bound(cluster, namespace, name):
@@ -196,7 +194,7 @@ def test_a_deployment_moved_to_another_pool_is_released_from_the_first(cluster, 
     finally:
         kubectl(cluster, "delete", "infd", "mover", "-n", namespace, "--wait=false")
         wait_for(lambda: not items(cluster, INFERENCEDEPLOYMENTS, namespace), timeout=60, message="deployment gone")
-        kubectl(cluster, "delete", "kvp", other, "--ignore-not-found")
+        delete_pool(cluster, other)
 
 
 def test_pool_deletion_waits_for_its_deployments(cluster, namespace, pool):

@@ -19,6 +19,7 @@ from tests.e2e.helpers import (
     create_deployment,
     create_pool,
     csi_pool,
+    delete_pool,
     deployment,
     ensure_sim_storage_class,
     get,
@@ -66,4 +67,4 @@ def test_no_line_per_routine_success_and_a_graceful_stop_waits_for_the_passes_in
     ]
     assert not failures, failures
     kubectl(cluster, "delete", "infd", "busy", "-n", namespace, "--wait=true")
-    kubectl(cluster, "delete", "kvp", pool)
+    delete_pool(cluster, pool)

@@ -25,6 +25,7 @@ from tests.e2e.helpers import (
     create_deployment,
     create_pool,
     csi_pool,
+    delete_pool,
     deployment,
     ensure_sim_storage_class,
     events,
@@ -75,7 +76,7 @@ def shifting_load(cluster, namespace, tmp_path):
     yield pool, time.monotonic()
     kubectl(cluster, "delete", "infd", "--all", "-n", namespace, "--wait=false")
     wait_for(lambda: not items(cluster, INFERENCEDEPLOYMENTS, namespace), timeout=60, message="deployments gone")
-    kubectl(cluster, "delete", "kvp", pool, "--ignore-not-found")
+    delete_pool(cluster, pool)
 
 
 def quotas(cluster, pool: str) -> dict[str, int]:
@@ -214,7 +215,7 @@ def static_pool(cluster, namespace):
     yield pool
     kubectl(cluster, "delete", "infd", "--all", "-n", namespace, "--wait=false")
     wait_for(lambda: not items(cluster, INFERENCEDEPLOYMENTS, namespace), timeout=60, message="deployments gone")
-    kubectl(cluster, "delete", "kvp", pool, "--ignore-not-found")
+    delete_pool(cluster, pool)
 
 
 def test_static_brings_a_deployment_back_to_exactly_its_request_once_there_is_room(cluster, namespace, static_pool):

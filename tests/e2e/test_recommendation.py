@@ -18,7 +18,7 @@ from kvtier.demo.manifests import DEPLOYMENTS, DemoManifests
 from kvtier.demo.workload import Workload
 from kvtier.kube import INFERENCEDEPLOYMENTS, KVPOOLS
 from tests.conftest import wait_for
-from tests.e2e.helpers import condition, create_deployment, create_pool, get, items, kubectl
+from tests.e2e.helpers import condition, create_deployment, create_pool, delete_pool, get, items, kubectl
 
 INTERVAL = 2.0
 WORKLOAD = Workload()
@@ -62,7 +62,7 @@ def loaded_pool(cluster, tmp_path_factory):
     yield pool
     kubectl(cluster, "delete", "infd", "--all", "-n", namespace, "--wait=false")
     wait_for(lambda: not items(cluster, INFERENCEDEPLOYMENTS, namespace), timeout=60, message="deployments gone")
-    kubectl(cluster, "delete", "kvp", pool, "--ignore-not-found")
+    delete_pool(cluster, pool)
     kubectl(cluster, "delete", "namespace", namespace, "--wait=false")
 
 
