@@ -4,9 +4,10 @@ What the README's table claims, judged policy against policy within each replay 
 kvtier within 5% of the best of one shared LRU and the hindsight per-epoch split, never below what
 perfect knowledge of the previous epoch would give, more GPU prefill seconds saved than the equal
 split, and a TTFT p50 no worse than it. Two of these cannot hold everywhere, and the tests say where
-and why instead of skipping: a hindsight margin that no causal estimate reaches (``steady-two``), and
-figures on which a hit loads slower than it recomputes (the flat ``three-phased``). There the tests
-check the reason and the closest bar that can hold (the README, below its scenario table).
+and why instead of skipping: a hindsight margin that no causal estimate reaches at the shipped rounds
+(``steady-two``; at 30-second rounds one does, README), and figures on which a hit loads slower than
+it recomputes (the flat ``three-phased``). There the tests check the reason and the closest bar that
+can hold (the README, below its scenario table).
 """
 
 import functools
@@ -80,9 +81,10 @@ def exact_curve_references(name: str) -> tuple[float, float]:
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_kvtier_is_within_five_percent_of_the_best_of_shared_and_hindsight(name):
-    """Where it is not, the hindsight split's margin must be foresight: fed the next interval's exact
-    curves the same loop reaches 95%, fed the exact curves of the recent past (every window and trend
-    of :data:`CAUSAL_REFERENCES`) it falls short too; kvtier must then reach 95% of the best of those."""
+    """Where it is not, the hindsight split's margin must be foresight at kvtier's rounds: fed the next
+    minute's exact curves the same loop reaches 95%, fed the exact curves of the recent past (every
+    window and trend of :data:`CAUSAL_REFERENCES`) it falls short too; kvtier must then reach 95% of
+    the best of those."""
     results = replayed(name)
     best = max(results["shared"].block_hit_ratio, results["oracle-dynamic"].block_hit_ratio)
     kvtier = results["kvtier"].block_hit_ratio
