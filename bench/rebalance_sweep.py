@@ -46,10 +46,18 @@ from dataclasses import dataclass, replace
 
 from kvtier.api.kvpool import RebalanceSpec
 from kvtier.api.units import parse_duration
+from kvtier.probe.demand import HitCurve
 from kvtier.probe.options import ProbeOptions
 from kvtier.rebalance.allocator import predict
 from kvtier.rebalance.demand import HALF_LIFE_INTERVALS
-from kvtier.rebalance.estimator import CounterReading, DemandEstimator, Estimate, ProbeReading
+from kvtier.rebalance.estimator import (
+    CounterReading,
+    DemandEstimator,
+    Estimate,
+    ProbeReading,
+    probe_increment,
+    storage_curve,
+)
 from kvtier.rebalance.loop import WARMUP_HORIZON_INTERVALS, DeploymentState
 from kvtier.rebalance.loop import _demands as loop_demands  # the loop's own valuation of a split
 from kvtier.sim.cache import IsolatedLRU
@@ -62,7 +70,14 @@ from kvtier.sim.policies import (
     build_policies,
     run_policy,
 )
-from kvtier.sim.references import CAUSAL_REFERENCES, FORESIGHT_SECONDS, PreviousEpochOracle, foresight_reference
+from kvtier.sim.references import (
+    CAUSAL_REFERENCES,
+    FORESIGHT_SECONDS,
+    PreviousEpochOracle,
+    extrapolated,
+    foresight_reference,
+    intervals,
+)
 from kvtier.sim.replay import Replay, TenantWorkload
 from kvtier.sim.scenario import Scenario, load_scenario
 
@@ -304,6 +319,66 @@ class WaitingPolicy(KvtierPolicy):
         return states
 
 
+class IntervalsEstimator(DemandEstimator):
+    """The shipped estimator, also keeping what the probe added in each interval (its bounds' weights)."""
+
+    def __init__(self, half_life_seconds: float, stale_seconds: float, interval: float) -> None:
+        super().__init__(half_life_seconds, stale_seconds)
+        self.interval = interval
+        self.bounds: tuple[float, ...] = ()
+        #: Interval index -> [total, lookups, cumulative weight at each bound] added in it.
+        self.added: dict[int, list[float]] = {}
+        self._last: ProbeReading | None = None
+
+    def observe_probe(self, reading: ProbeReading) -> None:
+        super().observe_probe(reading)
+        previous, self._last = self._last, reading
+        increment = None if previous is None else probe_increment(previous, reading)
+        if increment is None:
+            return
+        buckets, total, lookups = increment
+        self.bounds = reading.bounds
+        index = math.ceil(reading.time / self.interval) - 1  # a reading at the end of an interval counts in it
+        into = self.added.setdefault(index, [0.0] * (2 + len(buckets)))
+        for position, weight in enumerate([total, lookups, *buckets]):
+            into[position] += weight
+
+
+class ProbeTrendPolicy(KvtierPolicy):
+    """The least-squares trend of the probe's per-interval curves over the last ``window`` seconds,
+    read at the next interval (what ``CAUSAL_REFERENCES`` extrapolates from exact curves, here from
+    the probe's binned histograms); the shipped estimate until half the window is seen."""
+
+    def __init__(self, scenario: Scenario, window: float) -> None:
+        super().__init__(scenario)
+        self.window = max(2, intervals(scenario, window))
+        interval, stale = self.settings.interval_seconds, STALE_SCRAPES * scenario.scrape_seconds
+        self.estimators = {
+            name: IntervalsEstimator(estimator.half_life, stale, interval)
+            for name, estimator in self.estimators.items()
+        }
+
+    def estimate(self, tenant: str, now: float, units: int, *, unit_chunks: float, front_chunks: float) -> Estimate:
+        shipped = super().estimate(tenant, now, units, unit_chunks=unit_chunks, front_chunks=front_chunks)
+        estimator = self.estimators[tenant]
+        assert isinstance(estimator, IntervalsEstimator)
+        at = round(now / estimator.interval)
+        seen = [index for index in range(at - self.window, at) if index in estimator.added]
+        if shipped.stale or len(seen) < max(2, self.window // 2) or seen != list(range(seen[0], at)):
+            return shipped
+        curves = [
+            storage_curve(
+                HitCurve(estimator.bounds, tuple(estimator.added[index][2:]), estimator.added[index][0]),
+                units,
+                unit_chunks,
+                front_chunks,
+            )
+            for index in seen
+        ]
+        per_second = self.scenario.block_tokens / estimator.interval
+        return replace(shipped, curve=tuple(value * per_second for value in extrapolated(curves, at - seen[0])))
+
+
 class HorizonPolicy(KvtierPolicy):
     """Values a move over ``horizon`` intervals ahead instead of the shipped
     :data:`~kvtier.rebalance.loop.WARMUP_HORIZON_INTERVALS`: longer pays slow refills, shorter reacts faster."""
@@ -357,6 +432,12 @@ VARIANTS: dict[str, Callable[[Scenario], KvtierPolicy]] = {
     "trend: k 1 against a 1-interval window": lambda s: TrendPolicy(s, 1.0, 1.0),
     "veto unless a 2-interval window gains too": lambda s: VetoPolicy(s, 2.0),
     "veto unless a 4-interval window gains too": lambda s: VetoPolicy(s, 4.0),
+    **{
+        f"trend: least squares over the probe's curves of the last {window} s": (
+            lambda s, window=window: ProbeTrendPolicy(s, window)
+        )
+        for window in (600, 1200)
+    },
     "hits valued by the GPU queue they relieve": QueueReliefPolicy,
     **{
         f"waits on GPUs and storage paths weighed {weight:g} against GPU seconds": (
